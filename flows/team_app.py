@@ -40,13 +40,15 @@ def create_app(names: list[str], origins: list[str], reread_names: bool = False)
 def temporary_app() -> ASGIApp:
     """`flagperf run`'s temporary server (flows.server.TemporaryServer, uvicorn's --factory): Prefect's API with no
     sign-in on loopback, behind Front: a page of another site whose DNS name was pointed at 127.0.0.1 (DNS
-    rebinding) names that site in its Host and is refused, as on the team server; a page's change is refused."""
+    rebinding) names that site in its Host and is refused, as on the team server; a page's change is refused. Its
+    clients name the port it listens on (PREFECT_API_URL) and no proxy stands in front of it, so a Host naming
+    another port is refused too."""
     from prefect.server.api.server import create_app as prefect_app
 
     from flows.server import server_names
 
     # the names a server bound to loopback answers to, as serve's (one list of them)
-    return Front(prefect_app(), server_names("127.0.0.1", []), signed_in=False)
+    return Front(prefect_app(), server_names("127.0.0.1", []), signed_in=False, own_port=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,6 +43,7 @@ from flagperf.config.models import (
     load_model,
     merge_vendor_overrides,
     pydantic_error_to_config_error,
+    set_last,
     unknown_key_problem,
     vendor_key_problem,
 )
@@ -332,20 +333,19 @@ def engine_option_keys(case: CaseDef, vendor: str) -> EngineOptions:
     return declared_options(vendor, INFERENCE_ENGINES) if case.family == "inference" else EngineOptions({}, {})
 
 
-def settable_keys(case: CaseDef, vendor: str) -> set[str]:
-    """What a run override may set for this case: its configurations, and its engines' options (those whose
-    engine.yaml can say them: engine_option_keys(...).refuse_unknown for a key none of them has)."""
-    return set(case.manifest.configurations).union(engine_option_keys(case, vendor).keys())
+def settable_keys(case: CaseDef, options: EngineOptions) -> set[str]:
+    """What a run override may set for this case: its configurations, and its engines' options (``options``, its
+    engine_option_keys: those whose engine.yaml can say them; refuse_unknown for a key none of them has)."""
+    return set(case.manifest.configurations).union(options.keys())
 
 
-def _apply_run_overrides(case: CaseDef, vendor: str, merged: MergedConfig,
+def _apply_run_overrides(case: CaseDef, options: EngineOptions, merged: MergedConfig,
                          run_overrides: list[tuple[str, dict[str, Any]]]) -> list[ConfigError]:
     """Run overrides in order. An engine's option (inductor_mode ...) that is not already a key of the case is
-    set once the compiler is known, and only if that compiler reads it. Returns the keys refused (unknown, or
-    a parameter): the others are set, so that the case's Config can say what else is wrong, all at once. A broken
-    engine.yaml of the vendor is said where it matters alone: the case's compiler's, or one that may declare a key
-    that is otherwise unknown."""
-    options = engine_option_keys(case, vendor)
+    set once the compiler is known, and only if that compiler reads it (``options``: engine_option_keys). Returns
+    the keys refused (unknown, or a parameter): the others are set, so that the case's Config can say what else is
+    wrong, all at once. A broken engine.yaml of the vendor is said where it matters alone: the case's compiler's, or
+    one that may declare a key that is otherwise unknown."""
     by_engine = options.by_engine
     engine_keys = options.keys() - set(merged.values)
     deferred: list[tuple[str, str, Any]] = []
@@ -374,21 +374,21 @@ def _apply_run_overrides(case: CaseDef, vendor: str, merged: MergedConfig,
             raise ConfigError(source, key, f"an option of engine {readers}, not read by compiler {compiler}")
         merged.values[key] = value
         merged.origins[key] = source
-        layer = merged.run_overrides.setdefault(source, {})
-        layer.pop(key, None)  # set again: now the source's last key, as apply_run_overrides keeps them
-        layer[key] = value
+        set_last(merged.run_overrides.setdefault(source, {}), key, value)  # as apply_run_overrides keeps them
     return refused
 
 
 def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[str, dict[str, Any]]],
                         hardware: str | None = None, files_are_local: bool = True,
-                        vendor_folder: Path | None = None, check_vendor: bool = True) -> MergedConfig:
+                        vendor_folder: Path | None = None, check_vendor: bool = True,
+                        engine_options: EngineOptions | None = None) -> MergedConfig:
     """Defaults -> vendor file -> (training) the vendor's file for this scale -> run overrides, then
     validated by the case's own Config model. files_are_local: the cases run on this machine, so the files
     a config names (exist_onnx_path ...) can be checked here; on remote hosts the case checks them there.
     vendor_folder: the vendor's folder, whose cases/<family>/<case>/ may hold its settings and scale files (by default
     the one `--vendor <vendor>` finds). check_vendor=False: the vendor's files are read, but what only the vendor's
-    installed folder can say (its engines, its implementations) is not looked up (a vendor not installed here)."""
+    installed folder can say (its engines, its implementations) is not looked up (a vendor not installed here).
+    engine_options: the case's engine_option_keys where the caller has read them already (the plan), else read here."""
     vendor_path = case.overrides_file(vendor, vendor_folder) if vendor else case.vendor_file(vendor)
     # The place of the vendor's files of the case, as the plan takes it for every family: files in both places are
     # refused here too, so that validate and vendor check of a settings file say what the run will say.
@@ -415,7 +415,8 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
         merged.origins.update(dict.fromkeys(case.manifest.parameters, parameters_source))
         _fill_model_defaults(case, merged)
         refuse_keys_not_read(merged.values, merged.origins, display_path(case.manifest_path))
-    refused = _apply_run_overrides(case, vendor, merged, run_overrides)
+    options = engine_option_keys(case, vendor) if engine_options is None else engine_options
+    refused = _apply_run_overrides(case, options, merged, run_overrides)
     config_model = case.config_model
     try:
         model = config_model.model_validate(merged.values, context={CASE_FOLDER: case.folder})

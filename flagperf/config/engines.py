@@ -80,12 +80,17 @@ def engine_roots(vendor: str) -> list[Path]:
     return [folder for folder, manifest in folders if folder == home or not manifest]
 
 
+def root_engines(root: Path, family_folder: str) -> dict[str, Path]:
+    """Engine name -> folder, of one vendor folder ``root`` (its <family folder>/<name>/engine.yaml), by name."""
+    return {m.parent.name: m.parent for m in sorted((root / family_folder).glob(f"*/{ENGINE_MANIFEST}"))}
+
+
 def engine_folders(vendor: str, family_folder: str) -> dict[str, Path]:
     """Engine name -> folder, over engine_roots (the first of a name wins)."""
     found: dict[str, Path] = {}
     for root in engine_roots(vendor):
-        for manifest in sorted((root / family_folder).glob(f"*/{ENGINE_MANIFEST}")):
-            found.setdefault(manifest.parent.name, manifest.parent)
+        for name, folder in root_engines(root, family_folder).items():
+            found.setdefault(name, folder)
     return found
 
 

@@ -370,6 +370,13 @@ def _same_value(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def set_last(mapping: dict[str, Any], key: str, value: Any) -> None:
+    """``mapping[key] = value`` as its last key, a key set again moved there: a check of two keys names the one set
+    last by this order (a run source's layer, --set's general keys)."""
+    mapping.pop(key, None)
+    mapping[key] = value
+
+
 def apply_run_overrides(merged: MergedConfig, overrides: dict[str, Any], source: str, unknown_unless: str = "") -> None:
     """Run-level overrides (suite or --set): only existing configuration keys, never parameters. A dotted key
     (``slo.ttft_s``, from --set) sets one key inside a mapping; the case's Config then checks that key.
@@ -393,9 +400,7 @@ def apply_run_overrides(merged: MergedConfig, overrides: dict[str, Any], source:
         else:
             merged.values[key] = value
         merged.origins[key] = source
-        layer = merged.run_overrides.setdefault(source, {})
-        layer.pop(key, None)  # set again: now the source's last key (a check of two keys names the one set last)
-        layer[key] = value
+        set_last(merged.run_overrides.setdefault(source, {}), key, value)
     if refused:
         raise gathered(refused)
 

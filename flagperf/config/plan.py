@@ -29,7 +29,7 @@ from flagperf.config.cases import (
 from flagperf.config.engines import unless_declared_by
 from flagperf.config.files import is_present, read_config_text
 from flagperf.config.inferencekeys import not_read_message
-from flagperf.config.models import SetOverride, load_suite, parse_set_override
+from flagperf.config.models import SetOverride, load_suite, parse_set_override, set_last
 from flagperf.config.vendors import Vendor, load_vendor
 from flagperf.errors import ConfigError, gathered, nearest, unknown_name, validation_message
 from flagperf.paths import (
@@ -236,9 +236,10 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     if len(defs) < len(names):  # the steps below need every case: stop here with what was found
         raise gathered(problems)
 
-    configurable = {name: settable_keys(d, vendor) for name, d in defs.items()}
+    options = {name: engine_option_keys(d, vendor) for name, d in defs.items()}  # read once, handed on
+    configurable = {name: settable_keys(d, options[name]) for name, d in defs.items()}
     # a selected inference case's vendor engine whose engine.yaml is broken: said only for a key no case has
-    broken = {name: error for d in defs.values() for name, error in engine_option_keys(d, vendor).broken.items()}
+    broken = {name: error for found in options.values() for name, error in found.broken.items()}
     parsed: list[SetOverride] = [parse_set_override(text, names) for text in sets]
 
     layers: dict[str, list[tuple[str, dict[str, Any]]]] = {name: [] for name in names}
@@ -259,8 +260,7 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     general: dict[str, Any] = {}
     for override in parsed:
         if override.case is None:  # a key given again takes its last place (a check of two keys names the later)
-            general.pop(override.key, None)
-            general[override.key] = override.value
+            set_last(general, override.key, override.value)
     spread, refused = _spread(general, "--set", "", configurable, broken)
     if refused:
         raise gathered([*problems, *refused])
@@ -277,7 +277,7 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
         try:
             _name_endpoint(name, defs[name], layers[name], inventory_endpoints or {}, inventory_source)
             merged = resolve_case_config(defs[name], vendor, layers[name], hardware, files_are_local=files_are_local,
-                                         vendor_folder=resolved_vendor.folder)
+                                         vendor_folder=resolved_vendor.folder, engine_options=options[name])
             place = adaptation_place(defs[name].folder, vendor, resolved_vendor.folder)
         except ConfigError as exc:  # each case's findings, every case: a suite's problems are all said at once
             problems += [_where_in_suite(finding, suite_source, name, suite_overrides) for finding in [exc, *exc.more]]

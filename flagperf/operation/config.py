@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from flagperf.config.engines import checked_engine_manifest, engine_folders
+from flagperf.config.engines import checked_engine_manifest, engine_folders, root_engines
 from flagperf.config.memory import MemoryNeed
 from flagperf.config.models import HIDDEN_INPUT, KEY_OF_MODEL_ERROR, CaseConfig
 from flagperf.config.vendors import available_vendors
@@ -24,7 +24,6 @@ from flagperf.operation.manifest import (
 )
 from flagperf.operation.operators import ELEMENT_BYTES, FP8, MAX_DIM, OPERATORS, Dims, ModelShape, Operator, shape_label
 from flagperf.operation.shape_sets import SHAPE_SETS
-from flagperf.paths import ENGINE_MANIFEST
 from flagperf.training.shapes import BERT_PRESETS, LLAMA_PRESETS
 
 # The model shapes operators are sized from: the project's one table of Llama and BERT shapes.
@@ -316,21 +315,24 @@ class OperationConfig(CaseConfig):
             names = self.implementations if self.implementations is not None else implementation_names(vendor)
             manifests = checked_implementations(vendor, names, given)
             readers = {name for name, m in manifests.items() if INDUCTOR_MODE in m.options}
-        elif self.implementations is not None:
-            names = self.implementations
+        else:
+            # a vendor not installed here is judged by its own folder alone, never by another vendor's of the name;
+            # a case's defaults (engine_roots None) by every installed vendor's
+            roots = ([engine_folders(v, IMPLEMENTATIONS_FOLDER) for v in available_vendors()] if engine_roots is None
+                     else [root_engines(root, IMPLEMENTATIONS_FOLDER) for root in engine_roots])
+            if self.implementations is not None:
+                names = self.implementations
+            else:  # null: every folder of those read here (the vendor's own, for a vendor not installed here)
+                names = sorted({name for folders in roots for name in folders})
+                if not names:
+                    return  # no implementation known here: whether one reads the mode is known with the vendor
             # each folder named, checked as the plan checks it: a broken engine.yaml is that file's error (its key),
             # never taken as a manifest without options and blamed on the case's inductor_mode
-            # a vendor not installed here is judged by its own folder alone, never by another vendor's of the name
-            roots = ([engine_folders(v, IMPLEMENTATIONS_FOLDER) for v in available_vendors()] if engine_roots is None
-                     else [{m.parent.name: m.parent for m in sorted((root / IMPLEMENTATIONS_FOLDER).glob(
-                         f"*/{ENGINE_MANIFEST}"))} for root in engine_roots])
             declared = [{name: checked_engine_manifest(folders[name], ImplementationManifest)
                          for name in names if name in folders} for folders in roots]
             if not all(any(name in found for found in declared) for name in names):
                 return  # one of them is in no folder read here: whether it reads the mode is known with the vendor
             readers = {name for found in declared for name, m in found.items() if INDUCTOR_MODE in m.options}
-        else:
-            return
         if self.inductor_mode != "default" and not readers:
             compared = f"{', '.join(names) or 'none'}{f' of vendor {vendor}' if vendor else ''}"
             order = list(origins)  # in the order the layers set them (resolve_case_config)

@@ -235,12 +235,14 @@ def method_lines(results: Iterable[RoundResult]) -> list[str]:
                 found["iterations"][point.iterations] = None
                 if point.warmup_calls:
                     found["warmup"][point.warmup_calls] = None
-    # the same count as each operator's headline: per point and implementation, its rounds merged
-    against: dict[str, dict[str, int]] = {}
+    # the same count as each operator's headline (per point and implementation, its rounds merged), each kind's
+    # split by implementation: one that skipped points (no form of a dtype, its library missing) was checked on fewer
+    against: dict[str, dict[str, dict[str, int]]] = {}
     for figure in points_of(results):
-        counts = against.setdefault(figure.case, {})
+        kinds = against.setdefault(figure.case, {})
         for kind, count in checked_counts([figure]).items():
-            counts[kind] = counts.get(kind, 0) + count
+            by_impl = kinds.setdefault(kind, {})
+            by_impl[figure.implementation] = by_impl.get(figure.implementation, 0) + count
     lines = []
     for case, found in cases.items():
         counts = "".join(f"; {what} per point: {_count_range(list(found[key]))}"
@@ -253,11 +255,17 @@ def method_lines(results: Iterable[RoundResult]) -> list[str]:
         lines += [f"  - {md_text(impl)}" for impl in found["impls"]]
         if against.get(case):
             lines.append("  - checked against: " + "; ".join(
-                f"{md_text(kind)} ({count} point-implementation pair{'s' if count != 1 else ''})"
-                for kind, count in against[case].items()))
+                f"{md_text(kind)} ({_pairs(by_impl)})" for kind, by_impl in against[case].items()))
         lines += [f"  - % of roofline not computed: {md_text(why)}" for why in found["roofline"]]
         lines += [f"  - {md_text(note)}" for note in found["notes"]]
     return [*lines, ""] if lines else []
+
+
+def _pairs(by_impl: dict[str, int]) -> str:
+    """"8 point-implementation pairs: native 4, compile 4": the count, then each implementation's share."""
+    count = sum(by_impl.values())
+    shares = ", ".join(f"{md_text(name)} {by_impl[name]}" for name in sorted(by_impl, key=lambda n: n != BASELINE))
+    return f"{count} point-implementation pair{'s' if count != 1 else ''}: {shares}"
 
 
 HOST_SAMPLE_PREFIX = "float64 on cpu at "  # flagperf.operation.sampled: Sample.reference's description

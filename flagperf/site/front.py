@@ -80,16 +80,35 @@ def machine_names() -> list[str]:
     return sorted({*(bracketed(name).lower() for name in names), *interface_addresses()})
 
 
+DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
+def host_port(scope: Scope) -> int | None:
+    """The port a request's one Host header names (the scheme's default where it names none); None where it has
+    not exactly one Host, or names a port that does not parse."""
+    hosts = [value for name, value in scope.get("headers") or [] if name.lower() == b"host"]
+    if len(hosts) != 1:
+        return None
+    try:
+        port = urlsplit(f"//{hosts[0].decode('latin-1').strip()}").port
+    except ValueError:
+        return None
+    return port if port is not None else DEFAULT_PORTS.get(str(scope.get("scheme") or "http"))
+
+
 class HostCheck:
     """Whether a request's Host header is one of ``names`` (host names or addresses, an IPv6 one in brackets, any
-    port), decided by Starlette's TrustedHostMiddleware (its parsing of the header, its matching). ``reread``
+    port unless ``own_port``: then only the port the request came in on), decided by Starlette's
+    TrustedHostMiddleware (its parsing of the header, its matching). ``reread``
     (interface_addresses, for a server on every interface): where a Host is not one of them, the names it gives are
     added (read again at most every ``every_s`` seconds of ``clock``) before the Host is refused: an address the
-    machine got since the server started is its own."""
+    machine got since the server started is its own. Each read replaces the one before: an address it no longer
+    lists (DHCP gave it to another machine) is dropped; ``names``, those given at start, are always kept."""
 
     def __init__(self, names: Iterable[str], reread: Callable[[], Iterable[str]] | None = None,
-                 clock: Callable[[], float] = time.monotonic, every_s: float = REREAD_EVERY_S) -> None:
-        self.reread, self.clock, self.every_s = reread, clock, every_s
+                 clock: Callable[[], float] = time.monotonic, every_s: float = REREAD_EVERY_S,
+                 own_port: bool = False) -> None:
+        self.reread, self.clock, self.every_s, self.own_port = reread, clock, every_s, own_port
         self.read_at: float | None = None
         self._use(names)
         self.given = set(self.names)
@@ -109,18 +128,32 @@ class HostCheck:
         return bool(probe.get("flagperf.host_ok"))
 
     async def refused(self, scope: Scope) -> str | None:
-        """None where the Host is one of the names, else the one line to answer (400)."""
+        """None where the Host is one of the names (on the port the server listens on, with ``own_port``), else the
+        one line to answer (400)."""
         if await self._matches(scope):
-            return None
+            return self._other_port(scope)
         now = self.clock()
         if self.reread is not None and (self.read_at is None or now - self.read_at >= self.every_s):
             self.read_at = now
-            self._use([*self.names, *self.reread()])
+            self._use([*self.given, *self.reread()])  # the last read's addresses only: a gone one is dropped
             if await self._matches(scope):
-                return None
-        given = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
-        return (f"{REBINDING}: Host {given!r} is not one of this server's names; open it by the address its "
-                "banner shows\n")
+                return self._other_port(scope)
+        return (f"{REBINDING}: Host {_given_host(scope)!r} is not one of this server's names; open it by the address "
+                "its banner shows\n")
+
+    def _other_port(self, scope: Scope) -> str | None:
+        """With ``own_port``, the line refusing a Host (one of the names) that names a port other than the one the
+        request came in on: every client of such a server names its port, so such a request came by something
+        else (a forwarder from another port that keeps the Host), never one of them."""
+        listening = (scope.get("server") or (None, None))[1]
+        if not self.own_port or (listening is not None and host_port(scope) == listening):
+            return None
+        return (f"{REBINDING}: Host {_given_host(scope)!r} names another port than this server's ({listening}); open "
+                "it by the address its banner shows\n")
+
+
+def _given_host(scope: Scope) -> str:
+    return dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
 
 
 def malformed_basic(value: bytes | None) -> bool:
@@ -205,11 +238,12 @@ class Front:
     Prefect ignores the header); ``origins``: the pages allowed to change things and open websockets (the CORS
     origins; "*", any site's page, is refused: a ValueError), besides that of a page the server served under an
     address it got since it started (HostCheck's ``reread``) on the port it listens on (own_origin). A request
-    without an Origin (Prefect's clients, its workers, curl) is not a page's."""
+    without an Origin (Prefect's clients, its workers, curl) is not a page's. ``own_port``: the Host must name the
+    port the server listens on too (a server no proxy stands in front of: flows.team_app.temporary_app)."""
 
     def __init__(self, app: ASGIApp, names: Iterable[str], signed_in: bool, origins: Iterable[str] = (),
-                 reread: Callable[[], Iterable[str]] | None = None) -> None:
-        self.app, self.hosts, self.signed_in = app, HostCheck(names, reread), signed_in
+                 reread: Callable[[], Iterable[str]] | None = None, own_port: bool = False) -> None:
+        self.app, self.hosts, self.signed_in = app, HostCheck(names, reread, own_port=own_port), signed_in
         origins = [origin.strip() for origin in origins if origin.strip()]
         if "*" in origins:
             raise ValueError("the origin '*' would let a page of any site change things and open websockets")

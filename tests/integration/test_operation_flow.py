@@ -56,7 +56,8 @@ def test_an_operation_case_runs_through_the_evaluation(flagperf_env: Path, monke
     # each passed cell has the host's time per call beside the device clock's (docs/operation.md, Timing)
     assert all(p.host_latency_s for p in by_impl["native"]) and section.count(" · host ") == 2
     assert "@planted-wrong: wrong result:" in section
-    assert "checked against: float64 on cpu, whole output (8 point-implementation pairs)" in report
+    assert "checked against: float64 on cpu, whole output (8 point-implementation pairs: native 4, planted-wrong 4)" \
+        in report
     # and each operator's headline row and each point's row say it (the CPU: the whole reference, float64)
     assert "| float64 on cpu, whole output: 4 |" in report
     assert "| bf16 | R16xC128 (tiny b1 s16) | float64 on cpu, whole output | " in section

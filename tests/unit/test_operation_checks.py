@@ -177,9 +177,11 @@ def test_the_report_says_what_the_points_were_checked_against() -> None:
     from flagperf.results.operators import Checked, checked_counts, method_lines, point_checked, points_of
     from flagperf.results.schema import OperationReport, OperatorPoint, RoundResult
 
-    def point(m: int, reference: str, sample: str | None, status: str = "passed") -> OperatorPoint:
+    def point(m: int, reference: str, sample: str | None, status: str = "passed",
+              implementation: str = "native") -> OperatorPoint:
         return OperatorPoint(operator="mm", group="gemm", dtype="bf16", shape={"M": m}, source="given",
-                             implementation="native", status=status, reference=reference, reference_sample=sample)
+                             implementation=implementation, status=status, reference=reference,
+                             reference_sample=sample)
 
     def result(number: int, points: list[OperatorPoint]) -> RoundResult:
         now = datetime.now(timezone.utc)
@@ -203,14 +205,19 @@ def test_the_report_says_what_the_points_were_checked_against() -> None:
               point(9, "float32 on cuda", sample)]
     second += [point(8, "float32 on cuda", "none: the host sample's copy failed"),
                point(9, "float64 on cpu", "none: no bf16 form on this device", "skipped")]
+    # another implementation that has no form of a point (skipped) was checked on fewer: the line says whose pairs
+    for points in (first, second):
+        points += [point(1, "float64 on cpu", None, implementation="compile"),
+                   point(2, "float32 on cuda", sample, "skipped", implementation="compile")]
     results = [result(1, first), result(2, second)]
-    assert ("  - checked against: float64 on cpu, whole output (1 point-implementation pair); float32 on cuda + "
-            "float64 host sample (3 point-implementation pairs); float32 on cuda only, no host sample (3 "
-            "point-implementation pairs); rounds differ: float32 on cuda + float64 host sample / float32 on cuda "
-            "only, no host sample (1 point-implementation pair)") in method_lines(results)
+    assert ("  - checked against: float64 on cpu, whole output (2 point-implementation pairs: native 1, compile 1); "
+            "float32 on cuda + float64 host sample (3 point-implementation pairs: native 3); float32 on cuda only, no "
+            "host sample (3 point-implementation pairs: native 3); rounds differ: float32 on cuda + float64 host "
+            "sample / float32 on cuda only, no host sample (1 point-implementation pair: native 1)") \
+        in method_lines(results)
     merged = points_of(results)
     assert checked_counts(merged) == {
-        "float64 on cpu, whole output": 1, "float32 on cuda + float64 host sample": 3,
+        "float64 on cpu, whole output": 2, "float32 on cuda + float64 host sample": 3,
         "float32 on cuda only, no host sample": 3,
         "rounds differ: float32 on cuda + float64 host sample / float32 on cuda only, no host sample": 1}
     by_shape = {p.shape: p for p in merged}

@@ -31,6 +31,28 @@ def wait_for(predicate, what: str, limit_s: float = 60.0) -> None:
     raise AssertionError(f"gave up waiting for {what}")
 
 
+def drive(app: object, scope: dict, received: list[dict] | None = None) -> list[dict]:
+    """One request (or websocket) through the ASGI ``app``, as a server would hand it over: the messages the app
+    sent back. ``received``: what it reads, in order (by default one empty request body; then a disconnect)."""
+    import asyncio
+
+    said: list[dict] = []
+    queued = list(received if received is not None else [{"type": "http.request", "body": b""}])
+
+    async def receive() -> dict:
+        return queued.pop(0) if queued else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        said.append(message)
+
+    asyncio.run(app(scope, receive, send))  # type: ignore[operator]
+    return said
+
+
+def answered(said: list[dict]) -> object:
+    """A request's status, a websocket's close code, or the type of the first message (websocket.accept)."""
+    return said[0].get("status", said[0].get("code", said[0]["type"]))
+
 
 async def accepting_app(scope: dict, receive: object, send: object) -> None:
     """An app behind a Front that accepts every websocket and answers every request 200: what the front lets by."""
@@ -939,7 +961,6 @@ def test_the_front_refuses_a_sign_in_given_twice_and_changes_from_other_origins(
     """Starlette (Prefect's check) reads the first Authorization header; the front read the last, so a malformed
     first one behind a good last one reached Prefect (a 500 with a traceback). A change from a page of another
     origin is refused (403, one line); reading, a preflight, and a request without an Origin pass."""
-    import asyncio
     import base64
 
     from flagperf.site.front import Front
@@ -954,17 +975,8 @@ def test_the_front_refuses_a_sign_in_given_twice_and_changes_from_other_origins(
     front = Front(app, ["127.0.0.1"], signed_in=True, origins=["http://127.0.0.1:4200"])
 
     def status(method: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes]:
-        said: list[dict] = []
-
-        async def send(message: dict) -> None:
-            said.append(message)
-
-        async def receive() -> dict:
-            return {"type": "http.request", "body": b""}
-
-        scope = {"type": "http", "method": method, "path": "/api/flows/filter", "headers": [
-            (b"host", b"127.0.0.1:4200"), *headers]}
-        asyncio.run(front(scope, receive, send))
+        said = drive(front, {"type": "http", "method": method, "path": "/api/flows/filter", "headers": [
+            (b"host", b"127.0.0.1:4200"), *headers]})
         return said[0]["status"], said[1]["body"]
 
     good = (b"authorization", b"Basic " + base64.b64encode(b"lab:pw-long-enough"))
@@ -986,7 +998,6 @@ def test_a_page_of_an_address_the_server_got_since_it_started_may_change_things(
     Host that missed) names that address in its Origin, which is in no list made at start: its changes were
     refused as another site's. A page's own origin (its scheme and the Host accepted) is the server's; another
     site's still is not, with that Host too."""
-    import asyncio
 
     from flagperf.site.front import Front, interface_addresses
     from flows import team_app
@@ -1003,19 +1014,9 @@ def test_a_page_of_an_address_the_server_got_since_it_started_may_change_things(
                   reread=lambda: ["10.9.8.7"])
 
     def status(host: bytes, origin: bytes, kind: str = "http", to: Front = front, scheme: str = "http") -> object:
-        said: list[dict] = []
-
-        async def send(message: dict) -> None:
-            said.append(message)
-
-        async def receive() -> dict:
-            return {"type": "http.request", "body": b""}
-
-        scope = {"type": kind, "method": "POST", "scheme": {"http": "ws", "https": "wss"}[scheme]
-                 if kind == "websocket" else scheme, "server": ("10.9.8.7", 4200),
-                 "path": "/api/flows/filter", "headers": [(b"host", host), (b"origin", origin)]}
-        asyncio.run(to(scope, receive, send))
-        return said[0].get("status", said[0].get("code", said[0]["type"]))
+        return answered(drive(to, {"type": kind, "method": "POST", "scheme": {"http": "ws", "https": "wss"}[scheme]
+                                   if kind == "websocket" else scheme, "server": ("10.9.8.7", 4200),
+                                   "path": "/api/flows/filter", "headers": [(b"host", host), (b"origin", origin)]}))
 
     assert status(b"10.9.8.7:4200", b"http://10.9.8.7:4200") == 200
     assert status(b"10.9.8.7:4200", b"http://10.9.8.7:4200", "websocket") == "websocket.accept"
@@ -1031,7 +1032,6 @@ def test_the_front_adds_only_the_frame_headers_an_answer_lacks() -> None:
     """The front appended its frame headers to every answer: one of the app's that set X-Frame-Options already
     went out with two (browsers may then ignore both). Now only those the answer does not name are added, as
     served.py does for uvicorn's own answers."""
-    import asyncio
 
     from flagperf.site.front import FRAME_HEADERS, Front
 
@@ -1040,16 +1040,8 @@ def test_the_front_adds_only_the_frame_headers_an_answer_lacks() -> None:
                     "headers": [(b"X-Frame-Options", b"SAMEORIGIN"), (b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
 
-    said: list[dict] = []
-
-    async def send(message: dict) -> None:
-        said.append(message)
-
-    async def receive() -> dict:
-        return {"type": "http.request", "body": b""}
-
-    asyncio.run(Front(app, ["lab"], signed_in=False)({"type": "http", "method": "GET", "path": "/",
-                                                       "headers": [(b"host", b"lab:4200")]}, receive, send))
+    said = drive(Front(app, ["lab"], signed_in=False), {"type": "http", "method": "GET", "path": "/",
+                                                          "headers": [(b"host", b"lab:4200")]})
     names = [name.lower() for name, _ in said[0]["headers"]]
     assert names.count(b"x-frame-options") == 1 and (b"X-Frame-Options", b"SAMEORIGIN") in said[0]["headers"]
     assert all(names.count(name) == 1 for name, _ in FRAME_HEADERS)
@@ -1060,7 +1052,6 @@ def test_a_page_at_http_alias_is_not_the_server_s_where_its_public_url_is_https(
     a TLS proxy that uvicorn does not trust for X-Forwarded-Proto, uvicorn sees http, so a page at http://alias (or
     http://alias:8080) could change things and open websockets where only https://alias, the configured public
     URL, may. Now the own origin holds only for an address read again since the start, on the server's port."""
-    import asyncio
 
     from flagperf.site.front import Front
 
@@ -1075,19 +1066,9 @@ def test_a_page_at_http_alias_is_not_the_server_s_where_its_public_url_is_https(
     front = Front(app, names, signed_in=False, origins=allowed_origins(names, 4200, ["https://alias"]))
 
     def said(kind: str, host: bytes, origin: bytes) -> object:
-        messages: list[dict] = []
-
-        async def send(message: dict) -> None:
-            messages.append(message)
-
-        async def receive() -> dict:
-            return {"type": "http.request", "body": b""}
-
-        scope = {"type": kind, "method": "POST", "scheme": "ws" if kind == "websocket" else "http",
-                 "server": ("127.0.0.1", 4200), "path": "/api/flows/filter",
-                 "headers": [(b"host", host), (b"origin", origin)]}
-        asyncio.run(front(scope, receive, send))
-        return messages[0].get("status", messages[0].get("code", messages[0]["type"]))
+        return answered(drive(front, {"type": kind, "method": "POST", "scheme": "ws" if kind == "websocket" else "http",
+                                      "server": ("127.0.0.1", 4200), "path": "/api/flows/filter",
+                                      "headers": [(b"host", host), (b"origin", origin)]}))
 
     for host, origin in ((b"alias", b"http://alias"), (b"alias:8080", b"http://alias:8080")):
         assert said("websocket", host, origin) == 1008, origin
@@ -1127,6 +1108,29 @@ def test_a_host_that_misses_has_addresses_read_again_without_any_dns_lookup(monk
     assert looked_up == []
 
 
+def test_an_address_a_new_read_of_the_interfaces_lacks_is_dropped_and_the_given_names_kept() -> None:
+    """On every interface, each address a read of the interfaces gave stayed a name of the server for good: one
+    DHCP gave to another machine since kept being answered (a page there could name it). Now each read replaces the
+    one before; the names given at start (the configured, the public ones) are always kept."""
+    import asyncio
+
+    from flagperf.site.front import HostCheck
+
+    now = [0.0]
+    interfaces = [["10.0.0.1"]]
+    hosts = HostCheck(["lab", "10.9.9.9"], lambda: interfaces[0], clock=lambda: now[0], every_s=10.0)
+
+    def refused(host: bytes) -> bool:
+        return asyncio.run(hosts.refused({"type": "http", "headers": [(b"host", host)]})) is not None
+
+    assert not refused(b"10.0.0.1:4200") and hosts.added == {"10.0.0.1"}  # read on the miss, added
+    now[0], interfaces[0] = 20.0, ["10.0.0.2"]
+    assert not refused(b"10.0.0.2:4200") and hosts.added == {"10.0.0.2"}  # the next read lacks 10.0.0.1: dropped
+    now[0] = 21.0  # within every_s of that read: no read again, the miss is refused
+    assert refused(b"10.0.0.1:4200")
+    assert not refused(b"lab:4200") and not refused(b"10.9.9.9:4200")
+
+
 def test_the_temporary_server_of_a_run_listens_on_loopback_only() -> None:
     """`flagperf run`'s temporary server has no sign-in (docs/team.md): that holds only while nothing beyond this
     machine reaches it, so it listens on 127.0.0.1 and its API address says so."""
@@ -1151,10 +1155,13 @@ server = TemporaryServer()
 try:
     server.start([])
     said = {}
-    for host in ("127.0.0.1", "localhost", "evil.example"):
+    other = server.port + 1 if server.port < 65535 else server.port - 1
+    for host, port in (("127.0.0.1", server.port), ("localhost", server.port), ("evil.example", server.port),
+                       ("127.0.0.1", other), ("localhost", None)):
         connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-        connection.request("GET", "/api/health", headers={"Host": f"{host}:{server.port}"})
-        said[host] = connection.getresponse().status
+        connection.request("GET", "/api/health", headers={"Host": host if port is None else f"{host}:{port}"})
+        said[host if port == server.port else f"{host} on {'another port' if port else 'no port'}"] = \
+            connection.getresponse().status
         connection.close()
     print(json.dumps(said))
 finally:
@@ -1165,14 +1172,17 @@ finally:
 def test_the_temporary_server_of_a_run_answers_only_to_loopback_names() -> None:
     """`flagperf run`'s temporary server (no sign-in, on 127.0.0.1) answered any Host: a page of another site whose
     DNS name was pointed at 127.0.0.1 (DNS rebinding) could use its API during a run. Now it is behind the team
-    server's front: only loopback's names are answered. (A process of its own: prefect must not be imported.)"""
+    server's front: only loopback's names are answered, and only on its own port (a Host naming another port, or
+    none, is refused: its clients name its port). (A process of its own: prefect must not be imported.)"""
     import json
 
     ROOT = Path(__file__).resolve().parents[2]  # this checkout's flows, whatever FLAGPERF_HOME says
     done = subprocess.run([sys.executable, "-c", TEMPORARY_SERVER_HOSTS], capture_output=True, text=True,
                           timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.splitlines()[-1]) == {"127.0.0.1": 200, "localhost": 200, "evil.example": 400}
+    assert json.loads(done.stdout.splitlines()[-1]) == {"127.0.0.1": 200, "localhost": 200, "evil.example": 400,
+                                                        "127.0.0.1 on another port": 400,
+                                                        "localhost on no port": 400}
 
 
 def test_every_name_of_a_setting_serve_sets_is_the_operator_s_only_through_serve(
@@ -1210,7 +1220,6 @@ def test_every_name_of_a_setting_serve_sets_is_the_operator_s_only_through_serve
 def test_the_front_allows_no_origin_of_every_site_and_no_origin_with_a_port_that_does_not_parse() -> None:
     """'*' in the front's origins turned off every Origin check; now the front refuses it (and so does its
     launcher, given the origins by serve). An origin whose port does not parse matched one allowed alike."""
-    import asyncio
 
     from flagperf.site.front import Front, origin_of
     from flows import team_app
@@ -1226,18 +1235,9 @@ def test_the_front_allows_no_origin_of_every_site_and_no_origin_with_a_port_that
     assert refused.value.code == 2
     assert origin_of("http://lab:99999") == "" and origin_of("http://lab:4200") == "http://lab:4200"
     front = Front(app, ["lab"], signed_in=False, origins=["http://lab:99999", "http://lab:4200"])
-    said: list[dict] = []
-
-    async def send(message: dict) -> None:
-        said.append(message)
-
-    async def receive() -> dict:
-        return {"type": "http.request", "body": b""}
-
     for origin, status in ((b"http://lab:99999", 403), (b"http://lab:4200", 200)):
-        said.clear()
-        asyncio.run(front({"type": "http", "method": "POST", "path": "/api/x",
-                           "headers": [(b"host", b"lab:4200"), (b"origin", origin)]}, receive, send))
+        said = drive(front, {"type": "http", "method": "POST", "path": "/api/x",
+                             "headers": [(b"host", b"lab:4200"), (b"origin", origin)]})
         assert said[0]["status"] == status, origin
 
 
@@ -1247,7 +1247,6 @@ def test_a_websocket_s_first_message_reaches_prefect_only_as_one_it_reads(signed
     message, each put a traceback in server.log (the front rewrote only a non-ASCII token, and only with a
     sign-in). Now any first message but a text frame holding a JSON object whose token is missing, null or ASCII
     text reaches Prefect as an invalid one (which it refuses, 1008); later messages pass as they are."""
-    import asyncio
     import json
 
     from flagperf.site.front import Front
@@ -1274,16 +1273,9 @@ def test_a_websocket_s_first_message_reaches_prefect_only_as_one_it_reads(signed
     ]
     for first, passes in cases:
         reached.clear()
-        queued = [first, later]
-
-        async def receive() -> dict:
-            return queued.pop(0)  # noqa: B023 (called within this iteration only)
-
-        async def send(message: dict) -> None:
-            raise AssertionError(f"the front answered itself: {message}")
-
-        asyncio.run(front({"type": "websocket", "path": "/api/events/out", "headers": [(b"host", b"lab:4200")]},
-                          receive, send))
+        said = drive(front, {"type": "websocket", "path": "/api/events/out", "headers": [(b"host", b"lab:4200")]},
+                     [first, later])
+        assert said == [], f"the front answered itself: {said}"
         assert reached == [first if passes else invalid, later], first
 
 

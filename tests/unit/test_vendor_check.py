@@ -181,6 +181,19 @@ def test_a_folder_not_installed_here_is_judged_by_its_own_implementations(
         else:
             assert len(found.problems) == 1 and problem in found.problems[0] and "acme.yaml" in found.problems[0], \
                 found.problems
+    # implementations: null (every one of acme's) is judged by acme's own folders too, as a list is: with comp it
+    # compiles; without acme's compiling folders the mode would change nothing (the installed cpu's compile is not
+    # acme's)
+    (case_folder / "vendor" / "acme.yaml").write_text("seed: 7\n")
+    for drop, problem in (((), None), (("comp", "compile"), "none of the implementations compared (native) reads it")):
+        for name in drop:
+            shutil.rmtree(folder / "operation" / name)
+        found = Findings()
+        used = _check_case(vendor, case, found)
+        if problem is None:
+            assert used == ["overrides acme.yaml"] and found.problems == [], found.problems
+        else:
+            assert len(found.problems) == 1 and problem in found.problems[0], found.problems
 
 
 @pytest.mark.parametrize("text", ["", "# X1: figures to come\n"], ids=["empty", "comments-only"])
