@@ -17,7 +17,7 @@ from flagperf.config.job import JOB_FILE, Job
 from flagperf.errors import EXIT_OK, EXIT_UNSUPPORTED, EXIT_USER_ERROR, InfrastructureFailure, RoundUserFailure
 from flagperf.hosts.local import CommandResult, Host
 from flagperf.hosts.runtime import PID_FILE, Runtime
-from flagperf.hosts.threads import RoundsStopped, stop_requested
+from flagperf.hosts.threads import CaseStopped, RoundsStopped, stop_requested
 from flagperf.inference.subflows import portable_context
 from flagperf.results.prompt_positions import (
     MAX_POSITIONS_BYTES,
@@ -97,8 +97,11 @@ def _run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s
     try:
         outcome = runtime.run_entry(host, job_dir, timeout_s, on_line=lambda line: relay(logger, line),
                                     pid_file=stage_dir / PID_FILE)
-    except BaseException:  # interrupted: a local case process killed and seen to end has ended all the same
-        if (code := host.ended_when_interrupted(job_dir / CASE_LOG_FILE)) is not None:
+    except BaseException as exc:  # interrupted: a case process killed and seen to end has ended all the same
+        code = host.ended_when_interrupted(job_dir / CASE_LOG_FILE)
+        if code is None and isinstance(exc, CaseStopped):  # a container the stop killed, its end seen by its runtime
+            code = exc.exit_code
+        if code is not None:
             seen_ended(host, job_dir, code)
         raise
     if outcome.exit_code is not None and not outcome.link:

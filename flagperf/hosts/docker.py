@@ -48,7 +48,7 @@ from flagperf.hosts.inventory import HostSpec, resolve_values, spec_origin
 from flagperf.hosts.local import CommandResult, Host, LineSink
 from flagperf.hosts.probe import probe_command
 from flagperf.hosts.runtime import Runtime
-from flagperf.hosts.threads import HOST_THREADS, HostThreads, RoundsStopped
+from flagperf.hosts.threads import HOST_THREADS, CaseStopped, HostThreads, RoundsStopped
 from flagperf.paths import PROJECT_ROOT, display_path
 from flagperf.results.schema import CASE_LOG_FILE
 
@@ -417,8 +417,12 @@ class DockerRuntime(Runtime):
                   pid_file: Path) -> CommandResult:
         argv = [self.settings.python, "-m", "flagperf.entry", "--job", str(job_dir / JOB_FILE)]
         name = "flagperf-" + "-".join(job_dir.relative_to(self.scratch_root.parent).parts)[-200:].replace("_", "-")
-        result, lines = self._run(host, argv, name, {f"{LABEL}.job": str(job_dir)}, timeout_s, on_line,
-                                  pid_file=pid_file, scratch=True, data=True)
+        try:
+            result, lines = self._run(host, argv, name, {f"{LABEL}.job": str(job_dir)}, timeout_s, on_line,
+                                      pid_file=pid_file, scratch=True, data=True)
+        except CaseStopped as stopped:  # killed at the stop: its log is kept as any ended round's
+            host.write_text(job_dir / CASE_LOG_FILE, "\n".join(stopped.lines) + ("\n" if stopped.lines else ""))
+            raise
         host.write_text(job_dir / CASE_LOG_FILE, "\n".join(lines) + ("\n" if lines else ""))
         return result
 
@@ -491,16 +495,13 @@ class DockerRuntime(Runtime):
                         f", privileged: {s.privileged_reason}" if s.privileged else "")
             streamer = threading.Thread(target=_stream, args=(container, on_line, streamed), daemon=True)
             streamer.start()
-            container, exit_code, timed_out, link = self._wait(host, container, started + timeout_s)
-            streamer.join(timeout=5)
-            # the container's own log, from the host's engine (the live stream may have dropped with the link)
             try:
-                lines = container.logs(stdout=True, stderr=True).decode("utf-8", "replace").splitlines()
-                if exit_code != 0 and _oom_killed(container):
-                    lines.append(OOM_LINE)
-            except link_errors() as exc:  # its exit code stands; what it printed, as far as the stream got
-                lines = [*streamed, f"[flagperf] its log could not be read from {host.name}'s engine: "
-                                    f"{_one_line(exc)}"]
+                container, exit_code, timed_out, link = self._wait(host, container, started + timeout_s)
+            except CaseStopped as stopped:  # killed at the stop, its end seen: what it printed is still its log
+                stopped.lines = _container_log(host, container, stopped.exit_code, streamed)
+                raise
+            streamer.join(timeout=5)
+            lines = _container_log(host, container, exit_code, streamed)
         except docker.errors.ImageNotFound:
             raise ContainerEngineError(f"host {host.name}: image {s.image} is not on the engine") from None
         except _Lost as lost:  # what it printed before, then why it is lost: the round may be tried again
@@ -550,7 +551,8 @@ class DockerRuntime(Runtime):
         """Wait for the container to end, killing it at ``deadline``: (the container as last reached, its exit
         code, timed out, what the link said). RoundsStopped when the evaluation stops meanwhile (an interrupt): a
         watcher kills the container then, so that the wait ends at once rather than at the controller's grace (a
-        local engine's wait is no connection the interrupt closes)."""
+        local engine's wait is no connection the interrupt closes); CaseStopped, with its exit code, where its end
+        was seen (the controller records it as it records any seen end)."""
         threads = HOST_THREADS.get()
         if threads is None:  # no evaluation around it (a round's steps called alone): nothing stops it
             return self._wait_for(host, [container], deadline)
@@ -563,7 +565,11 @@ class DockerRuntime(Runtime):
         finally:
             ended.set()
         if threads.stopping:  # killed by the watcher (or ended as the stop came): stopped, not the case's end
-            raise RoundsStopped(f"the run is stopping: container {container.name} on {host.name} was ended")
+            message = f"the run is stopping: container {container.name} on {host.name} was ended"
+            _, code, _, link = answer
+            if code is not None and link is None:  # its end seen: the controller records it (seen_ended)
+                raise CaseStopped(message, code)
+            raise RoundsStopped(message)
         return answer
 
     def _wait_for(self, host: Host, followed: list[Any], deadline: float) -> tuple[Any, int | None, bool, str | None]:
@@ -736,6 +742,18 @@ def _one_line(exc: object) -> str:
     detail = text[0] if text else ""
     kind = type(exc).__name__ if isinstance(exc, BaseException) else ""
     return f"{kind}: {detail}" if kind and detail else kind or detail
+
+
+def _container_log(host: Host, container: Any, exit_code: int | None, streamed: collections.deque[str]) -> list[str]:
+    """The ended container's own log, from the host's engine (the live stream may have dropped with the link); what
+    the stream got, and why, where the engine cannot give it."""
+    try:
+        lines: list[str] = container.logs(stdout=True, stderr=True).decode("utf-8", "replace").splitlines()
+        if exit_code != 0 and _oom_killed(container):
+            lines.append(OOM_LINE)
+    except link_errors() as exc:  # its exit code stands; what it printed, as far as the stream got
+        lines = [*streamed, f"[flagperf] its log could not be read from {host.name}'s engine: {_one_line(exc)}"]
+    return lines
 
 
 def _oom_killed(container: Any) -> bool:

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -268,10 +269,13 @@ class EngineContainer:
     name = "flagperf-case"
     short_id = "0123456789ab"
 
+    id = "0123456789abcdef"
+
     def __init__(self) -> None:
         self.killed = threading.Event()
         self.waiting = threading.Event()
-        self.attrs = {"State": {"Running": True}}
+        self.removed = threading.Event()
+        self.attrs: dict[str, dict[str, object]] = {"State": {"Running": True, "Pid": 4242}}
 
     def wait(self, timeout: float) -> dict[str, int]:
         import requests
@@ -288,14 +292,40 @@ class EngineContainer:
     def reload(self) -> None:
         pass
 
+    # what DockerRuntime._run asks of it besides the wait: its start, its log (streamed, then whole), its removal
+    def start(self) -> None:
+        pass
 
-def docker_runtime(tmp_path: Path) -> object:
+    def logs(self, stream: bool = False, **options: object) -> object:
+        text = b"[case] started\n[case] point 1 sent\n"
+        return iter([text]) if stream else text
+
+    def remove(self, force: bool = False) -> None:
+        self.removed.set()
+
+
+class EngineClient:
+    """A local engine's client as DockerRuntime._run uses it: it creates the one container given."""
+
+    def __init__(self, container: EngineContainer) -> None:
+        self.containers = self
+        self.container = container
+
+    def create(self, *args: object, **options: object) -> EngineContainer:
+        return self.container
+
+    def get(self, container_id: str) -> EngineContainer:
+        return self.container
+
+
+def docker_runtime(tmp_path: Path, container: EngineContainer | None = None) -> Any:
     from flagperf.hosts.docker import ContainerSettings, DockerRuntime
 
     settings = ContainerSettings(image="flagperf-test:none", python="python3", shm_size="64m", privileged=False,
                                  env={}, device_requests=[], devices=[], data_mounts=[], extra_mounts=[],
                                  ipc_mode=None, group_add=[], ulimits={})
-    return DockerRuntime(settings, client_factory=lambda: None, user=None, scratch_root=tmp_path / "run-a")
+    client = EngineClient(container) if container is not None else None
+    return DockerRuntime(settings, client_factory=lambda: client, user=None, scratch_root=tmp_path / "run-a")
 
 
 @pytest.mark.parametrize("stopped_before", [False, True], ids=["stop-while-waiting", "stopped-already"])
@@ -330,6 +360,55 @@ def test_a_docker_rounds_wait_ends_at_the_stop_not_at_the_grace(tmp_path: Path, 
     waiter.join(DEADLINE_S)
     assert container.killed.is_set()
     assert isinstance(outcome[0], RoundsStopped) and "container flagperf-case on a was ended" in str(outcome[0])
+
+
+def test_a_docker_round_the_stop_killed_keeps_its_log_and_the_controllers_ended_marker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while a local engine's container runs a round: the watcher kills it and its runtime sees it end
+    (status 137). That end is recorded as any seen end is: the controller's ended marker (a serving attempt's record
+    of prompt positions is final, so `flagperf run --retry` does not pass over prompts it never sent) and the
+    attempt's case.log (what it printed). Both were lost when the stop's RoundsStopped threw the exit code away."""
+    import json
+    from contextvars import copy_context
+
+    from flagperf.config.job import Job
+    from flagperf.config.plan import plan_run
+    from flagperf.hosts.threads import CaseStopped
+    from flagperf.results.schema import CASE_LOG_FILE
+    from tasks import container as container_module
+
+    monkeypatch.setattr(container_module, "get_run_logger", lambda: logging.getLogger("test"))  # no task run around
+    host = LocalHost(name="a", work_root=tmp_path / "a")
+    engine = EngineContainer()
+    runtime = docker_runtime(host.work_root, engine)
+    plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
+    case = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=case.name, family=case.family, round=1, host="a", vendor="cpu",
+              config=case.config, config_origins=case.origins, run_overrides=case.run_overrides, image={})
+    stage = host.work_root / "run-a" / case.name / "round1"
+    threads = HostThreads()
+    outcome: list[BaseException | object] = []
+
+    def run_round() -> None:
+        try:
+            outcome.append(container_module._run_case(host, runtime, job, stage, 3600))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    token = HOST_THREADS.set(threads)
+    try:
+        waiter = threading.Thread(target=copy_context().run, args=(run_round,), daemon=True)
+        waiter.start()
+    finally:
+        HOST_THREADS.reset(token)
+    wait_until(engine.waiting.is_set, "the container's wait starts")
+    threads.stop()
+    waiter.join(DEADLINE_S)
+    assert outcome and isinstance(outcome[0], CaseStopped) and outcome[0].exit_code == -9, outcome
+    assert engine.killed.is_set() and engine.removed.is_set()
+    marker = host.ended_marker(stage / "attempt1")
+    assert marker is not None and json.loads(marker.read_text()) == {"exit_code": -9}
+    assert (stage / "attempt1" / CASE_LOG_FILE).read_text() == "[case] started\n[case] point 1 sent\n"
 
 
 def test_a_docker_rounds_wait_outside_a_stop_is_the_containers_own(tmp_path: Path) -> None:
