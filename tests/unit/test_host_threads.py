@@ -5,11 +5,13 @@ Real threads, real local commands; every phase is reached on a condition, never 
 from __future__ import annotations
 
 import contextlib
+import http.server
 import logging
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,50 @@ from flagperf.hosts.threads import HOST_THREADS, HostThreads, RoundsStopped
 from flows.evaluate import run_concurrently, stop_host_threads
 
 DEADLINE_S = 120  # a guard against a hang, not a timing assumption
+
+
+class NoPrefectApi(http.server.BaseHTTPRequestHandler):
+    """An address for PREFECT_API_URL that answers every request 404 at once: a Prefect task asks the API for its
+    default result storage only, and goes on with local storage without it."""
+
+    def do_GET(self) -> None:  # http.server calls them by these names
+        self.send_error(404)
+
+    do_POST = do_PATCH = do_PUT = do_DELETE = do_GET
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def no_prefect_server() -> Iterator[None]:
+    """Prefect's tasks run outside a flow with no Prefect server: their states, events and logs go nowhere (Prefect
+    would otherwise start its own temporary server for them, some 15 s, on the shared ~/.prefect database). What
+    those states are is checked on a real server (tests/integration)."""
+    from prefect.events.clients import NullEventsClient
+    from prefect.events.worker import EventsWorker
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_CLIENT_SERVER_VERSION_CHECK_ENABLED,
+        PREFECT_LOGGING_TO_API_ENABLED,
+        temporary_settings,
+    )
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NoPrefectApi)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{server.server_address[1]}/api",
+                                 PREFECT_CLIENT_SERVER_VERSION_CHECK_ENABLED: False,
+                                 PREFECT_LOGGING_TO_API_ENABLED: False}):
+            EventsWorker.set_client_override(NullEventsClient)  # the states' events: dropped, no websocket tried
+            try:
+                yield
+            finally:
+                EventsWorker.set_client_override(None)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def wait_until(condition: object, what: str) -> None:
@@ -126,19 +172,15 @@ def test_the_checks_threads_count_as_driving_their_hosts(tmp_path: Path) -> None
     assert not (plan.run_dir / "hosts").exists()  # no healthcheck ran
 
 
-def test_a_round_whose_ssh_channel_the_interrupt_closed_is_stopped_not_failed(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_round_whose_ssh_channel_the_interrupt_closed_is_stopped_not_failed(tmp_path: Path) -> None:
     """Ctrl-C closes the SSH hosts' connections: the round's command then fails with an SshError. That is the
     interrupt's doing, not a failure of the round: it is not retried, it stops (RoundsStopped), and no failed
-    result is written for it. Its host-round subflow and run_case task end Cancelled (grey in the UI), not Failed
-    (red), which they did before."""
-    from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    from flagperf.config.plan import PLAN_FILE, plan_run
+    result is written for it. (That its host-round subflow and run_case task end Cancelled is checked on a real
+    server: tests/integration/test_deployments.py.)"""
+    from flagperf.config.plan import plan_run
     from flagperf.hosts.ssh import SshError
     from flagperf.results.schema import RESULT_FILE, round_dir
-    from flows import host_round as host_round_module
+    from flows.host_round import node_round
 
     threads = HostThreads()
     calls: list[list[str]] = []
@@ -154,27 +196,16 @@ def test_a_round_whose_ssh_channel_the_interrupt_closed_is_stopped_not_failed(
     spec = HostSpec.model_validate({"name": "a", "transport": "local", "runtime": "process",
                                     "work_root": str(tmp_path / "a")})
     host = ClosedByInterrupt(name="a", work_root=tmp_path / "a")
-    monkeypatch.setattr(host_round_module, "open_host", lambda spec, on_host=False: host)
-    plan = plan_run(cases=["computation-FP32"], sets=["max_retries=2"], results_dir=tmp_path / "results",
-                    run_id="run-a")
-    case = plan.cases[0]
-    assert case.max_retries == 2
-    plan.run_dir.mkdir(parents=True)
-    (plan.run_dir / PLAN_FILE).write_text(plan.model_dump_json())  # as the evaluation writes it
+    plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
+    case = plan.cases[0].model_copy(update={"max_retries": 2})
     token = HOST_THREADS.set(threads)
     try:
-        state = host_round_module.host_round(run_dir=str(plan.run_dir), case=case.name, round_no=1,
-                                             host=spec.model_dump(mode="json"), image={}, return_state=True)
+        with no_prefect_server(), pytest.raises(RoundsStopped) as stopped:
+            node_round(host, spec, plan, plan.run_dir, case, 1, {}, None, 1.0, None)
     finally:
         HOST_THREADS.reset(token)
-    assert state.is_cancelled(), state
-    stopped = state.result(raise_on_failure=False)  # what run_node reads back
-    assert isinstance(stopped, RoundsStopped) and isinstance(stopped.__cause__, SshError), stopped
-    assert "round1@a: stopped (SshError: fp-h1: the SSH connection was closed)" in (state.message or ""), state
-    with get_client(sync_client=True) as client:
-        (task_run,) = [run for run in client.read_task_runs(flow_run_filter=FlowRunFilter(
-            id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))) if run.name.startswith("run_case[")]
-    assert task_run.state is not None and task_run.state.is_cancelled(), task_run.state
+    assert isinstance(stopped.value.__cause__, SshError)
+    assert "round1@a: stopped (SshError: fp-h1: the SSH connection was closed)" in str(stopped.value)
     assert len(calls) == 1  # not retried
     assert not (round_dir(plan.run_dir, case.name, 1, "a", 0) / RESULT_FILE).exists()
 
