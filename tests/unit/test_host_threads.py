@@ -381,7 +381,7 @@ def test_a_docker_rounds_wait_ends_at_the_stop_not_at_the_grace(tmp_path: Path, 
 
     token = HOST_THREADS.set(threads)
     try:
-        waiter = threading.Thread(target=copy_context().run, args=(wait,))
+        waiter = threading.Thread(target=copy_context().run, args=(wait,), daemon=True)  # a hang fails, never holds
         waiter.start()
     finally:
         HOST_THREADS.reset(token)
@@ -443,7 +443,8 @@ def test_a_docker_round_the_stop_killed_keeps_its_log_and_the_controllers_ended_
 
 
 def test_a_docker_rounds_wait_outside_a_stop_is_the_containers_own(tmp_path: Path) -> None:
-    """No stop: the wait is the container's, and its watcher kills nothing (it ends with the wait)."""
+    """No stop: the wait is the container's, and its watcher kills nothing and ends with the wait (a watcher left
+    behind per round would pile up, and could kill at a later stop)."""
     host = LocalHost(name="a", work_root=tmp_path / "a")
     container = EngineContainer()
     threading.Timer(0.0, container.killed.set).start()  # the container ends on its own (status 137 here)
@@ -455,6 +456,8 @@ def test_a_docker_rounds_wait_outside_a_stop_is_the_containers_own(tmp_path: Pat
         HOST_THREADS.reset(token)
     assert answer[1:] == (-9, False, None)
     assert container.attrs["State"]["Running"]  # not killed by the watcher
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name == f"stop-{container.name}"],
+               "the container's stop watcher ends with its wait")
 
 
 @pytest.mark.parametrize("server", ["closed", "hangs-up"])
