@@ -476,12 +476,11 @@ def test_cancelling_a_dispatched_run_at_an_interrupt_with_the_server_down_names_
     accepted: list[socket.socket] = []
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
-    if server == "closed":
-        port = listener.getsockname()[1]
-        listener.close()  # nothing listens there any more: each connection is refused
-    else:  # the server takes the connection and hangs up without an answer (a retryable error for the client)
+    port = listener.getsockname()[1]
+    # "closed": the port stays bound to this socket, which never listens, so no other process can take it and each
+    # connection to it is refused (Linux)
+    if server == "hangs-up":  # the server takes the connection and hangs up without an answer (retryable)
         listener.listen(16)
-        port = listener.getsockname()[1]
 
         def hang_up() -> None:
             with contextlib.suppress(OSError):
