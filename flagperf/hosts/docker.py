@@ -770,14 +770,20 @@ STOP_POLL_S = 0.5  # how often a stop watcher looks whether its container's wait
 
 
 def _kill_when_stopped(threads: HostThreads, ended: threading.Event, followed: list[Any]) -> None:
-    """Kill ``followed[0]`` once the evaluation stops, unless its wait ``ended`` first. Best effort: a link the
-    interrupt closed fails the wait itself, and the run's clean-up (stop_run) removes what is left."""
+    """Kill ``followed[0]`` once the evaluation stops, unless its wait ``ended`` first. A kill that fails (a link
+    that dropped, made again by the wait; an engine busy) is tried again at each poll until the wait ends: one
+    passing error must not leave the case running until the controller's grace. A link the interrupt closed fails
+    the wait itself, and the run's clean-up (stop_run) removes what is left."""
     while not ended.is_set():
-        if threads.wait_stopping(STOP_POLL_S):
-            if not ended.is_set():
-                with contextlib.suppress(Exception):  # ended meanwhile (409), or its link is gone
-                    followed[0].kill()
+        if not threads.wait_stopping(STOP_POLL_S) or ended.is_set():
+            continue
+        container = followed[0]  # as the wait last reached it
+        try:
+            container.kill()
             return
+        except Exception as exc:  # ended meanwhile (409: its wait ends too), or its link is gone for now
+            logger.debug("container %s not killed at the stop (%s): tried again", container.name, _one_line(exc))
+        ended.wait(STOP_POLL_S)
 
 
 def _stream(container: Any, on_line: LineSink | None, kept: collections.deque[str]) -> None:

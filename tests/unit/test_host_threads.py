@@ -393,6 +393,47 @@ def test_a_docker_rounds_wait_ends_at_the_stop_not_at_the_grace(tmp_path: Path, 
     assert isinstance(outcome[0], RoundsStopped) and "container flagperf-case on a was ended" in str(outcome[0])
 
 
+def test_a_docker_rounds_stop_tries_the_kill_again_until_the_container_ends(tmp_path: Path) -> None:
+    """The watcher's kill fails at first (the engine's link dropped for a moment): it is tried again at each poll
+    until it reaches the container, instead of once, which left the case running until the controller's grace."""
+    import requests
+
+    class FlakyKill(EngineContainer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kills = 0
+
+        def kill(self) -> None:
+            self.kills += 1
+            if self.kills < 3:
+                raise requests.exceptions.ConnectionError("connection reset by peer")
+            super().kill()
+
+    from contextvars import copy_context
+
+    host = LocalHost(name="a", work_root=tmp_path / "a")
+    container = FlakyKill()
+    runtime = docker_runtime(tmp_path)
+    threads = HostThreads()
+    threads.stop()
+    outcome: list[BaseException | object] = []
+
+    def wait() -> None:
+        try:
+            outcome.append(runtime._wait(host, container, time.monotonic() + 3600))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    token = HOST_THREADS.set(threads)
+    try:  # in a daemon thread: a kill never retried leaves the wait to its hour, which fails here, never hangs
+        threading.Thread(target=copy_context().run, args=(wait,), daemon=True).start()
+    finally:
+        HOST_THREADS.reset(token)
+    wait_until(lambda: outcome, "the wait ends")
+    assert isinstance(outcome[0], RoundsStopped), outcome
+    assert container.killed.is_set() and container.kills == 3
+
+
 def test_a_docker_round_the_stop_killed_keeps_its_log_and_the_controllers_ended_marker(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C while a local engine's container runs a round: the watcher kills it and its runtime sees it end
