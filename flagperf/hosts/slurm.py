@@ -523,14 +523,17 @@ class SlurmHost(LocalHost):
 
     def container_options(self, search: SearchMounts | None = None) -> list[str]:
         """srun's pyxis options (none without slurm.container_image): the shared folder, the project (read-only),
-        the inventory's container_mounts and ``search``'s folders (read-only, under /flagperf-search)."""
+        the inventory's container_mounts and ``search``'s folders (read-only, under /flagperf-search); never the
+        user's home."""
         spec = self.slurm
         if not spec.container_image:
             return []
         mounts = [f"{spec.shared_dir}:{spec.shared_dir}", f"{self.project_root}:{self.project_root}:ro",
                   *spec.container_mounts, *(f"{m.source}:{m.target}:ro" for m in (search.all() if search else []))]
+        # Never the user's home (enroot's ENROOT_MOUNT_HOME=y mounts it read-write by default on many sites): the
+        # controller's ended markers are kept under it by default (ended_root), where no job may write them
         return [f"--container-image={spec.container_image}", f"--container-mounts={','.join(mounts)}",
-                f"--container-workdir={self.project_root}"]
+                f"--container-workdir={self.project_root}", "--no-container-mount-home"]
 
     def search_mounts(self, vendor: str, cases: Sequence[str] = ()) -> SearchMounts | None:
         """What the container (slurm.container_image) gets of the FLAGPERF_VENDOR_PATH / FLAGPERF_CASE_PATH folders

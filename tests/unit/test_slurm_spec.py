@@ -140,9 +140,10 @@ def test_a_container_image_mounts_the_shared_folder_and_the_project(tmp_path: Pa
     assert host.container_options() == [
         "--container-image=nvcr.io#nvidia/pytorch:24.05-py3",
         f"--container-mounts={shared}:{shared},{host.project_root}:{host.project_root}:ro,/data:/data:ro",
-        f"--container-workdir={host.project_root}"]
+        f"--container-workdir={host.project_root}", "--no-container-mount-home"]
     # The controller's markers of attempts seen to end lie in its own state folder, in no mount of the container (the
-    # shared folder is mounted whole); where that folder is in one, none is kept (no attempt counts as ended)
+    # shared folder is mounted whole; the home, where that folder is by default, never: --no-container-mount-home);
+    # where that folder is in one, none is kept (no attempt counts as ended)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     marker = host.ended_marker(shared / "run" / "c" / "round1" / "h_noderank0" / "attempt1")
     assert marker is not None and marker.is_relative_to(tmp_path / "state")
