@@ -490,11 +490,17 @@ class SlurmHost(LocalHost):
         controller's markers of attempts seen to end are kept in its own state folder instead (XDG_STATE_HOME, else
         ~/.local/state), one per shared folder; None (no marker: every attempt counts as not seen to end) where
         that lies in the shared folder or a container mount."""
-        state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+        given = os.environ.get("XDG_STATE_HOME", "")
         digest = hashlib.sha256(str(self.work_root).encode()).hexdigest()[:16]
-        root = (state / "flagperf" / "ended" / digest).resolve()
-        mounted = [self.work_root, *(Path(m.split(":")[0]) for m in self.slurm.container_mounts)]
-        return None if any(root.is_relative_to(m.resolve()) for m in mounted) else root
+        try:
+            # A relative XDG_STATE_HOME is invalid and ignored (the XDG Base Directory spec)
+            state = Path(given) if os.path.isabs(given) else Path.home() / ".local" / "state"
+            root = (state / "flagperf" / "ended" / digest).resolve()
+            mounted = [self.work_root, *(Path(m.split(":")[0]) for m in self.slurm.container_mounts)]
+            inside = any(root.is_relative_to(m.resolve()) for m in mounted)
+        except (RuntimeError, OSError):  # no home folder to be found (no HOME, no passwd entry), a loop of links
+            return None
+        return None if inside else root
 
     def job_environment(self) -> dict[str, str]:
         """What sbatch gets (--export=ALL of this): the allow-listed environment, without the entry's env. Slurm

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import pwd
 import shlex
 import subprocess
 import time
@@ -149,6 +150,15 @@ def test_a_container_image_mounts_the_shared_folder_and_the_project(tmp_path: Pa
     assert marker is not None and marker.is_relative_to(tmp_path / "state")
     monkeypatch.setenv("XDG_STATE_HOME", str(shared / "state"))
     assert host.ended_root is None and host.ended_marker(shared / "run" / "attempt1") is None
+    # A relative XDG_STATE_HOME is ignored (the XDG spec): the home's .local/state; no home to be found (no HOME, no
+    # passwd entry: Path.home raises), no marker rather than an error in the round
+    monkeypatch.setenv("XDG_STATE_HOME", "relative/state")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert host.ended_root is not None and host.ended_root.is_relative_to(tmp_path / "home" / ".local" / "state")
+    with monkeypatch.context() as homeless:
+        homeless.delenv("HOME")
+        homeless.setattr(pwd, "getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
+        assert host.ended_root is None and host.ended_marker(shared / "run" / "attempt1") is None
     (plain,) = load_inventory(write(tmp_path)).hosts
     assert SlurmHost(plain).container_options() == []
     # A squash file enroot made is named by its absolute path, as pyxis takes it; one that climbs out is refused.
