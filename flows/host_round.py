@@ -58,7 +58,7 @@ from flagperf.results.schema import (
 )
 from flagperf.results.summary import RETRIES_DIR
 from flows.logs import route_core_logs
-from tasks.collect import collect_logs, leftover_result, stage_folder
+from tasks.collect import collect_logs, leftover_result, remove_ended_markers, stage_folder
 from tasks.container import THEN, AttemptRecords, attempt_records, host_disk_full, run_case, stopped_state
 from tasks.healthcheck import healthcheck
 from tasks.image import build_image
@@ -429,8 +429,7 @@ def cleared_stage(host: Host, stage_dir: Path, job: Job, run_dir: Path | None = 
                 "at it, remove it, then retry the run", f"{host.name}:{stage_dir}")
         job = job.model_copy(update={"prompt_reservations": reservations(run_dir)})
     host.remove_tree(stage_dir)
-    if (markers := host.ended_path(stage_dir)) is not None:  # its attempts' ends, read above: none is a rerun's
-        host.remove_tree(markers)
+    remove_ended_markers(host, stage_dir)  # its attempts' ends, read above: none is a rerun's
     return job
 
 

@@ -1431,6 +1431,31 @@ def test_collection_brings_the_controllers_ended_markers_in_and_never_one_the_ca
     assert len(said) == 4 and all("not written by the controller" in line for line in said), said
 
 
+def test_a_marker_clean_up_that_fails_fails_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Once a round is stored or cleared, its ended markers go; where that fails (an SSH link that drops raises in
+    remove_tree) the round stands: the failure is said at debug level only (a stale marker is harmless: run_case
+    removes an attempt's marker before it reuses its number)."""
+    import logging
+
+    from tasks.collect import remove_ended_markers
+    from tasks.container import seen_ended
+
+    class LinkDrops(LocalHost):
+        def remove_tree(self, remote: Path) -> None:
+            raise OSError(f"host {self.name}: the link to the host dropped")
+
+    host = LinkDrops(work_root=tmp_path / "work")
+    stage = host.work_root / "run" / "c" / "round1" / "localhost_noderank0"
+    seen_ended(host, stage / "attempt1", 0)
+    with caplog.at_level(logging.DEBUG, logger="tasks.collect"):
+        remove_ended_markers(host, stage)
+    marker = host.ended_marker(stage / "attempt1")
+    assert marker is not None and marker.is_file()
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG] and "the link to the host dropped" in caplog.text
+    remove_ended_markers(LocalHost(work_root=host.work_root), stage)
+    assert not marker.exists()
+
+
 def test_an_attempt_with_neither_a_record_nor_a_seen_end_leaves_the_rounds_reach_at_its_bound(tmp_path: Path) -> None:
     """An attempt folder with no record of prompt positions and no ended marker may belong to an attempt still starting
     (its record not written yet when read) or sending: the round's reach counts its bound, not what the others took."""
