@@ -120,10 +120,10 @@ def seen_ended(host: Host, job_dir: Path, exit_code: int) -> None:
     never in the attempt's folder (an ENDED_FILE there, an older version's or a case's, proves nothing); collection
     brings it in as CONTROLLER_ENDED_FILE. Never written where the link was lost, a container could not be removed, or
     a remote case was interrupted: it may still be sending."""
-    marker = host.ended_marker(job_dir)
-    if marker is None:  # this host keeps none: the attempt counts as not seen to end (its bound holds)
-        return
     with contextlib.suppress(Exception):  # best effort: without it, later rounds start after its bound
+        marker = host.ended_marker(job_dir)
+        if marker is None:  # this host keeps none: the attempt counts as not seen to end (its bound holds)
+            return
         host.write_text(marker, json.dumps({"exit_code": exit_code}) + "\n")
 
 
@@ -200,7 +200,10 @@ def attempt_records(host: Host, stage_dir: Path, before: int | None = None) -> A
     for number in found.attempts:
         path = stage_dir / f"attempt{number}" / PROMPT_POSITIONS
         where = f"{host.name}:{path}"
-        marker = host.ended_marker(path.parent)
+        try:
+            marker = host.ended_marker(path.parent)
+        except Exception:  # where the host keeps its markers is not known: the attempt is not seen to end
+            marker = None
         try:
             if marker is not None and host.exists(marker):
                 found.ended_attempts.add(number)

@@ -43,6 +43,7 @@ from flagperf.hosts.container_policy import (
     resolved_device,
     resolved_mount,
     search_mounts,
+    work_root_source_problem,
 )
 from flagperf.hosts.inventory import HostSpec, resolve_values, spec_origin
 from flagperf.hosts.local import CommandResult, Host, LineSink
@@ -282,11 +283,15 @@ class ContainerSettings:
     vendor_file: str = "vendor.yaml"
     private_env: dict[str, str] = field(default_factory=dict)  # the inventory's other variables: by a file
     privileged_reason: str | None = None
+    # The host's work root: no read-write mount's source may be it, above it or in it (work_root_source_problem),
+    # checked again once resolved on the host
+    work_root: str | None = None
 
     def host_paths(self) -> list[str]:
         """The host paths the container policy checks on the host: mount sources, data roots, devices."""
         return sorted({*(m.source for m in (*self.data_mounts, *self.extra_mounts)), *self.data_roots,
-                       *(device_host_path(d) for d in self.devices), *self.search.host_paths()})
+                       *(device_host_path(d) for d in self.devices), *self.search.host_paths(),
+                       *([self.work_root] if self.work_root is not None else [])})
 
     def scan_paths(self) -> list[str]:
         """Of host_paths(), the folders whose links the container policy checks too (a search path mount's, the
@@ -322,6 +327,14 @@ class ContainerSettings:
                    keyed(f"container.devices.{i}", lambda d=d: resolved_device(d, facts, self.device_patterns,
                                                                             "device"), self.vendor_file)
                    for i, d in enumerate(self.devices)]
+        # A link may lead a source onto the work root, or the work root itself be a link: compared as resolved
+        work = facts[self.work_root].path if self.work_root is not None and self.work_root in facts else self.work_root
+        for key, what, mounts in (*((f"docker.data_mounts.{i}", "data mount", [m]) for i, m in enumerate(data)),
+                                  ("docker.extra_options", "-v host path", extra)):
+            for mount in mounts:
+                problem = None if mount.read_only else work_root_source_problem(mount.source, work)
+                if problem:
+                    raise PolicyError(f"{what} {mount.source!r} (as resolved) is refused read-write: {problem}", key)
         search = self.search.resolved(facts)  # its PolicyError is keyed env.<variable>
         # The container's search paths name the folders where it has them (decided from the resolved folders).
         return replace(self, data_mounts=data, extra_mounts=extra, devices=devices, search=search,
@@ -362,6 +375,13 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str, project_root:
         if problem:
             raise ConfigError(source, f"{prefix}docker.extra_options",
                               f"-v container path {mount.target!r} is refused: it is {problem}")
+    # Its source too, where it is written: the work root, above it or in it, read-write (the ended markers)
+    for key, what, mount in (*((f"docker.data_mounts.{i}", "data mount", m) for i, m in enumerate(data_mounts)),
+                             *(("docker.extra_options", "-v host path", m) for m in extras.mounts)):
+        problem = None if mount.read_only else work_root_source_problem(mount.source, None if work is None
+                                                                         else str(work))
+        if problem:
+            raise ConfigError(source, f"{prefix}{key}", f"{what} {mount.source!r} is refused read-write: {problem}")
     given = spec.runtime_env()
     given.update(resolve_values(extras.env, spec.name, "docker.extra_options"))
     try:
@@ -395,7 +415,8 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str, project_root:
         devices=[*options.devices, *extras.devices], data_mounts=data_mounts,
         extra_mounts=extras.mounts, ipc_mode=extras.ipc or options.ipc, group_add=extras.group_add,
         ulimits=dict(options.ulimits), data_roots=roots, search=search, device_patterns=patterns,
-        vendor_devices=tuple(options.devices), vendor_file=display_path(vendor.folder / "vendor.yaml"))
+        vendor_devices=tuple(options.devices), vendor_file=display_path(vendor.folder / "vendor.yaml"),
+        work_root=None if work is None else str(work))
 
 
 def exit_code_of(status: int) -> int:

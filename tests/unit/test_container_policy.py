@@ -1121,6 +1121,17 @@ def test_a_mount_over_the_project_or_the_search_folders_is_refused(tmp_path: Pat
     ({"extra_options": "-v /data/env.json:/run/flagperf-env.json:ro"}, None, "hosts.0.docker.extra_options",
      "-v container path '/run/flagperf-env.json' is refused: it is the file FlagPerf hands the container's private "
      "variables in (/run/flagperf-env.json)"),
+    # A read-write source at the work root, above it or in it: the container could write the controller's ended
+    # markers (<work root>/.ended) though its target lies elsewhere
+    ({"data_mounts": ["/data:rw"]}, None, "hosts.0.docker.data_mounts.0",
+     "data mount '/data' is refused read-write: it is a folder above the host's work root (/data/work), where the "
+     "controller keeps its own records of which attempts ended (.ended): mount it read-only"),
+    ({"extra_options": "-v /data:/all:rw"}, None, "hosts.0.docker.extra_options",
+     "-v host path '/data' is refused read-write: it is a folder above the host's work root (/data/work)"),
+    ({"extra_options": "-v /data/work:/w:rw"}, None, "hosts.0.docker.extra_options",
+     "-v host path '/data/work' is refused read-write: it is the host's work root (/data/work)"),
+    ({"extra_options": "-v /scratch/fp/.ended:/e:rw"}, "/scratch/fp", "hosts.0.docker.extra_options",
+     "-v host path '/scratch/fp/.ended' is refused read-write: it is in the host's work root (/scratch/fp)"),
 ])
 def test_a_mount_over_the_scratch_the_cache_or_the_env_file_is_refused(tmp_path: Path, docker: dict[str, object],
                                                                        work_root: str | None, key: str,
@@ -1138,6 +1149,26 @@ def test_a_mount_over_the_scratch_the_cache_or_the_env_file_is_refused(tmp_path:
         container_settings(load_vendor("cpu"), spec, "img:1", work_root=Path(work_root) if work_root else None)
     assert info.value.key == key and words in info.value.message and "\n" not in str(info.value), str(info.value)
     assert str(info.value).startswith(f"{path}: {key}: "), str(info.value)
+
+
+def test_a_read_write_mount_that_resolves_onto_the_work_root_is_refused_on_the_host(tmp_path: Path) -> None:
+    """As written, /data/link lies beside the work root; on the host it is a link to /data, above it: the second look
+    refuses it read-write (one line, keyed), and takes it read-only."""
+    path = tmp_path / "inv.yaml"
+    for mode, refused in (("rw", True), ("ro", False)):
+        path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
+                                                   "work_root": "/data/work",
+                                                   "docker": {"data_mounts": [f"/data/link:{mode}"]}}]}))
+        settings = container_settings(load_vendor("cpu"), load_inventory(path).hosts[0], "img:1")
+        facts = {**as_written(settings.host_paths()), "/data/link": PathFacts("/data", "folder")}
+        if not refused:
+            assert settings.resolved(facts).data_mounts[0].source == "/data"
+            continue
+        with pytest.raises(PolicyError) as info:
+            settings.resolved(facts)
+        assert info.value.key == "docker.data_mounts.0" and str(info.value).startswith(
+            "data mount '/data' (as resolved) is refused read-write: it is a folder above the host's work root "
+            "(/data/work)"), str(info.value)
 
 
 def test_a_step_the_host_cannot_look_at_is_refused_not_taken_for_no_link(tmp_path: Path) -> None:
