@@ -183,11 +183,28 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
     # All of the folder is in a round's container, at another path.
     for link in vendor_folder_links(vendor.folder, found.not_checkable):
         found.add_error(link)
-    for path, link in _leaving_links(vendor.folder):
+    skipped: list[str] = []
+    for path, link in _leaving_links(vendor.folder, skipped=skipped):
         # the "(and 1+ more ...)" line (no link of its own) is never one another check named
         if path is None or not _named_as_outside(path, vendor.folder, found.problems):
             found.add_error(link)
+    if skipped:
+        found.notes.append(_skipped_note(vendor.folder, skipped))
     return found
+
+
+# How many folders the note on those the link scan skips names (a vendor repository has a __pycache__ per package).
+SKIPPED_NAMED = 10
+
+
+def _skipped_note(folder: Path, skipped: list[str]) -> str:
+    """The note on the folders the link scan passed over (paths.walk_source's rule: a dot-folder, __pycache__,
+    node_modules, a Python environment), as a round's scan and the source digest pass them: not a problem for a run,
+    but a link out of the vendor folder in one is never looked at, so the vendor is told which they are."""
+    named = ", ".join(skipped[:SKIPPED_NAMED]) + (f" and {len(skipped) - SKIPPED_NAMED} more"
+                                                  if len(skipped) > SKIPPED_NAMED else "")
+    return (f"{display_path(folder)}: not scanned (skipped as in every round: {named}): links in "
+            f"{'it' if len(skipped) == 1 else 'them'} are not checked")
 
 
 def _named_as_outside(link: Path, folder: Path, problems: list[str]) -> bool:
@@ -223,8 +240,10 @@ def links_out_of_vendor_folder(folder: Path, under: str | None = None) -> list[C
 _UNLESS_MOUNTED = " unless an inventory mounts that place"
 
 
-def _leaving_links(folder: Path, under: str | None = None) -> list[tuple[Path | None, ConfigError]]:
-    """links_out_of_vendor_folder's, each with the link's path (the line saying there are more: None)."""
+def _leaving_links(folder: Path, under: str | None = None, skipped: list[str] | None = None
+                   ) -> list[tuple[Path | None, ConfigError]]:
+    """links_out_of_vendor_folder's, each with the link's path (the line saying there are more: None); ``skipped``:
+    the folders the scan passed over are added to it (links_leaving's)."""
     written = str(folder)
     # One more than named: that one says the list goes on, as the round's "(and N+ more)" does. The scan counts the
     # links by an absolute path too, which absolute_links names: where they filled it, it is looked through further
@@ -234,7 +253,7 @@ def _leaving_links(folder: Path, under: str | None = None) -> list[tuple[Path | 
     for _ in range(3):
         used = limit  # the limit of the scan whose facts are kept (the loop raises it after every scan)
         facts = PathFacts.of(describe_paths([written], scan=[written], tree=str(PROJECT_ROOT), limit=used,
-                                            only=under)[written])
+                                            only=under, skipped=skipped)[written])
         relative = [link for link in facts.links_out if not os.path.isabs(link[1])]
         if len(facts.links_out) < limit or len(relative) > LINKS_NAMED:
             break

@@ -1187,7 +1187,8 @@ def test_the_link_walk_passes_a_folder_it_cannot_enter_and_a_link_into_a_skipped
                                                                                       ) -> None:
     """The link walk raised on a folder that can be listed but not entered (Path.is_dir of its entries), and
     followed tools/env -> ../.venv into the venv, naming its python's absolute link, which the run's link scan (it
-    never walks a linked folder, nor a .venv) passes: two rules. Now neither."""
+    never walks a linked folder, nor a .venv) passes: two rules. Now neither. The folders the scans skip were never
+    said, so a link out of the vendor folder in one went unseen without a word: a note names them."""
     from flagperf.hosts.local import links_leaving
 
     vendor = walk / "vendors" / "acme"
@@ -1199,8 +1200,13 @@ def test_the_link_walk_passes_a_folder_it_cannot_enter_and_a_link_into_a_skipped
     (vendor / "tools" / "env").symlink_to(os.path.join("..", ".venv"))
     (vendor / "tools" / "env3").symlink_to(os.path.join("..", "env3", "bin"))
     assert links_leaving(str(vendor)) == []
+    (vendor / "engines" / "onnxruntime" / "__pycache__").mkdir(exist_ok=True)
     found = check_vendor_folder(vendor, monitor_seconds=1)
     assert not [line for line in found.problems if "absolute path" in line], found.problems
+    # but the vendor is told which folders no scan looked into (a link out there goes unchecked), in one note
+    assert [line for line in found.notes if "not scanned" in line] == [
+        f"{vendor}: not scanned (skipped as in every round: .venv, env3, engines/onnxruntime/__pycache__): links in "
+        "them are not checked"], found.notes
     code, lines = validate_lines(vendor / MANIFEST)
     assert code == 0, lines
     locked = write(vendor / "locked" / "a.py", "a = 1\n").parent
