@@ -235,6 +235,11 @@ def links_out_of_vendor_folder(folder: Path, under: str | None = None) -> list[C
     return [error for _, error in _leaving_links(folder, under)]
 
 
+# How many links out of the vendor folder the scan gathers: the named ones and one more, three times over (links by
+# an absolute path count too, and absolute_links names them).
+SCAN_LIMIT = 3 * (LINKS_NAMED + 1)
+
+
 # A relative link out of the project may land in a round's data mount, which the round lets pass; the check has no
 # inventory to know (docs/vendor-guide.md).
 _UNLESS_MOUNTED = " unless an inventory mounts that place"
@@ -246,18 +251,11 @@ def _leaving_links(folder: Path, under: str | None = None, skipped: list[str] | 
     the folders the scan passed over are added to it (links_leaving's)."""
     written = str(folder)
     # One more than named: that one says the list goes on, as the round's "(and N+ more)" does. The scan counts the
-    # links by an absolute path too, which absolute_links names: where they filled it, it is looked through further
-    # (a few times at most), so that "more" means more named by neither.
-    limit = LINKS_NAMED + 1
-    used = limit
-    for _ in range(3):
-        used = limit  # the limit of the scan whose facts are kept (the loop raises it after every scan)
-        facts = PathFacts.of(describe_paths([written], scan=[written], tree=str(PROJECT_ROOT), limit=used,
-                                            only=under, skipped=skipped)[written])
-        relative = [link for link in facts.links_out if not os.path.isabs(link[1])]
-        if len(facts.links_out) < limit or len(relative) > LINKS_NAMED:
-            break
-        limit = LINKS_NAMED + 1 + len(facts.links_out) - len(relative)
+    # links by an absolute path too, which absolute_links names, so it looks further (three times as far) for "more"
+    # to mean more named by neither; where those still fill it, a line says the scan stopped.
+    facts = PathFacts.of(describe_paths([written], scan=[written], tree=str(PROJECT_ROOT), limit=SCAN_LIMIT,
+                                        only=under, skipped=skipped)[written])
+    relative = [link for link in facts.links_out if not os.path.isabs(link[1])]
     real_root = os.path.realpath(PROJECT_ROOT)
     project = (str(PROJECT_ROOT), real_root) if facts.path == real_root or facts.path.startswith(real_root + os.sep) \
         else None
@@ -272,8 +270,8 @@ def _leaving_links(folder: Path, under: str | None = None, skipped: list[str] | 
         found.append((None, ConfigError(given_name(scanned), None, f"(and 1+ more links that leave the vendor "
                                         f"folder, not listed: only the first {LINKS_NAMED} are named; fix these "
                                         "and check again)")))
-    elif len(facts.links_out) >= used:  # links by an absolute path filled the scan each time: the rest unseen
-        found.append((None, ConfigError(given_name(scanned), None, f"(the scan stopped at its first {used} "
+    elif len(facts.links_out) >= SCAN_LIMIT:  # links by an absolute path filled the scan: the rest unseen
+        found.append((None, ConfigError(given_name(scanned), None, f"(the scan stopped at its first {SCAN_LIMIT} "
                                         "links that leave the vendor folder, many by an absolute path: more may "
                                         "follow; fix these and check again)")))
     return found

@@ -1503,8 +1503,8 @@ def test_links_by_an_absolute_path_in_the_scan_make_no_more_line(walk: Path) -> 
 
 
 def test_a_scan_filled_by_absolute_links_says_it_stopped(tmp_path: Path) -> None:
-    """Links by an absolute path (absolute_links names each) fill the scan for relative ones: it is looked through
-    further three times, and where they fill it every time, a line says the scan stopped. The check compared the
+    """Links by an absolute path (absolute_links names each) fill the scan for relative ones: it looks three times as
+    far as it names, and where they fill it still, a line says the scan stopped. The check compared the
     count with the limit the loop had raised after the last scan, so the line never came and a relative link out
     behind 400 absolute ones went unsaid."""
     from flagperf.hosts.vendorcheck import links_out_of_vendor_folder
