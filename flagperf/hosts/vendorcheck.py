@@ -402,7 +402,8 @@ def _check_dockerfile(dockerfile: Path, found: Findings) -> None:
     for script in scripts:
         if script not in text:
             found.problem(where, f"{script} is beside the Dockerfile but the Dockerfile never uses it")
-    _check_packages_named(dockerfile, text, scripts, found)
+    for error in _packages_named(dockerfile, text, scripts):
+        found.add_error(error)
     if not any(where in p or p.startswith(f"{display_path(context)}/") for p in found.problems):
         found.passed.append(f"image {where}" + (f" with {', '.join(scripts)}" if scripts else ""))
 
@@ -413,11 +414,22 @@ PACKAGES_FOLDER = "packages"
 PACKAGE_PATH = re.compile(rf"(?<![\w./$-])(?:\./)?({PACKAGES_FOLDER}/[^\s'\";|&<>()`$]*)")
 
 
-def _check_packages_named(dockerfile: Path, text: str, scripts: list[str], found: Findings) -> None:
+def packages_findings(dockerfile: Path) -> list[ConfigError]:
+    """_packages_named of a Dockerfile and the install scripts beside it (`flagperf validate` of a file of the
+    packages/ folder beside it); the Dockerfile's own problems are vendor check's."""
+    try:
+        text = read_config_text(dockerfile, what="a Dockerfile")
+    except ConfigError as exc:
+        return [exc]
+    return _packages_named(dockerfile, text, sorted(p.name for p in dockerfile.parent.glob("*install*.sh")))
+
+
+def _packages_named(dockerfile: Path, text: str, scripts: list[str]) -> list[ConfigError]:
     """Each packages/ path the Dockerfile's RUN lines or its install scripts name is in the build context (the
     Dockerfile's folder) and stays in it: the build would fail on the host, after the image's base was pulled. A
     glob (packages/*.whl) needs one match. Links out of packages/ are the vendor folder's link scans' (whole)."""
     context = dockerfile.parent
+    found: list[ConfigError] = []
     sources = [(display_path(dockerfile), [line if re.match(r"\s*RUN\s", line) else "" for line in
                                           text.splitlines()])]
     for script in scripts:
@@ -425,18 +437,20 @@ def _check_packages_named(dockerfile: Path, text: str, scripts: list[str], found
             sources.append((display_path(context / script), read_config_text(context / script,
                                                                            what="an install script").splitlines()))
         except ConfigError as exc:
-            found.add_error(exc)
+            found.append(exc)
     for where, lines in sources:
         for number, line in enumerate(lines, start=1):
             for named in dict.fromkeys(PACKAGE_PATH.findall(line.split("#", 1)[0])):
                 path = named.rstrip("/")
                 real = os.path.realpath(context / path)
                 if not is_under(real, os.path.realpath(context)):
-                    found.problem(where, f"line {number}: names {named}, which leads out of {display_path(context)} "
-                                         "(the build sees only its own folder)")
+                    found.append(ConfigError(where, None, f"line {number}: names {named}, which leads out of "
+                                             f"{display_path(context)} (the build sees only its own folder)"))
                 elif not (any(context.glob(path)) if re.search(r"[*?\[]", path) else os.path.exists(context / path)):
-                    found.problem(where, f"line {number}: names {named}, which is not in {display_path(context)} "
-                                         f"(FlagPerf's {PACKAGES_FOLDER}/ goes beside the Dockerfile)")
+                    found.append(ConfigError(where, None, f"line {number}: names {named}, which is not in "
+                                             f"{display_path(context)} (FlagPerf's {PACKAGES_FOLDER}/ goes beside "
+                                             "the Dockerfile)"))
+    return found
 
 
 def _check_monitor(vendor: Vendor, name: str, command: list[str], seconds: float, found: Findings, *,
@@ -785,7 +799,8 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
     used += [f"scale {name}" for name in scales]
     _note_missing_scales(case.family, place.folder, str(vendor.manifest.hardware), scales, problems, found)
     if place.present:
-        _check_readme_scales(place.folder, found)
+        for error in readme_scale_findings(place.folder):
+            found.add_error(error)
     problems = adaptation_problems(case.folder, case.family, vendor.name, vendor.folder)
     for problem in problems:  # every part's, not only the first a run would stop at; each part's findings
         found.add_error(problem)
@@ -814,25 +829,26 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
 README_SCALE = re.compile(r"(?<![\w.-])config_[A-Za-z0-9_.-]+?x\d+x\d+\.(?:yaml|py)\b")
 
 
-def _check_readme_scales(folder: Path, found: Findings) -> None:
+def readme_scale_findings(folder: Path) -> list[ConfigError]:
     """Each scale file a README of the vendor's folder of the case names is there (as .yaml or .py: a README
     brought from FlagPerf names config_<hw>x1x8.py): results it reports at a scale the folder has no file for were
     not taken with the settings it ships. Only names are compared; the README is read as text, bounded."""
+    found: list[ConfigError] = []
     for readme in sorted(folder.glob("README*")):
         if not readme.is_file():
             continue
         try:
             text = read_config_text(readme, what="a README")
         except ConfigError as exc:
-            found.add_error(exc)
+            found.append(exc)
             continue
         for name in dict.fromkeys(README_SCALE.findall(text)):
             stem = name.rsplit(".", 1)[0]
             if not any(is_present(folder / f"{stem}.{suffix}") for suffix in ("yaml", "py")):
-                found.problem(display_path(readme), f"names {name}, which {display_path(folder)} does not have "
-                                                    f"({stem}.yaml or .py): the results it reports at that scale are "
-                                                    "not reproducible from the folder; add the file or correct the "
-                                                    "README")
+                found.append(ConfigError(display_path(readme), None, f"names {name}, which {display_path(folder)} "
+                                         f"does not have ({stem}.yaml or .py): the results it reports at that scale "
+                                         "are not reproducible from the folder; add the file or correct the README"))
+    return found
 
 
 def _note_missing_scales(family: str, folder: Path, hardware: str, read: list[str], refused: list[ConfigError],
