@@ -1091,6 +1091,8 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
     stray = stray_entry_problem(entry, family, manifest.name)
     if stray:
         raise ConfigError(display_path(entry), None, stray)
+    if path.parent == folder and path.name.startswith("README"):
+        return _check_adaptation_readme(folder, f"vendor {manifest.name}'s adaptation of {name} (in its folder)")
     raise ConfigError(display_path(path), None, f"not a file `flagperf validate` reads: a vendor's folder of a case "
                       f"holds {overrides_name(family, manifest.name)}, {adaptation.ENV_FILE}, "
                       f"{adaptation.REQUIREMENTS_FILE}, {adaptation.CSRC_FOLDER}/{adaptation.CSRC_SETUP}, "
@@ -1280,6 +1282,8 @@ def _check_file(path: Path, notes: list[str]) -> str:
         stray = stray_entry_problem(entry, case.family, adapted.name)
         if stray:
             raise ConfigError(display_path(entry), None, stray)
+        if path.parent == adapted and path.name.startswith("README"):
+            return _check_adaptation_readme(adapted, f"vendor {adapted.name}'s adaptation of {case.name}")
     if path.name == "datasheets.yaml" and (path.parent / VENDOR_MANIFEST).is_file():
         from flagperf.hosts.vendorcheck import datasheet_findings
 
@@ -1298,6 +1302,14 @@ def _check_file(path: Path, notes: list[str]) -> str:
         if links:  # each one line; a run would meet it only in a round's container, which has the folder elsewhere
             raise gathered(links)
         return "vendor"
+    dockerfile = _packages_dockerfile(path)
+    if dockerfile is not None:
+        from flagperf.hosts.vendorcheck import packages_findings
+
+        found = packages_findings(dockerfile)  # what vendor check says of packages/ (the Dockerfile's rest is its)
+        if found:
+            raise gathered(found)
+        return f"file of the packages/ folder of {display_path(dockerfile)}"
     if path.suffix == ".py":  # FlagPerf training's test_conf.py, or its cluster_conf.py: checked together
         from flagperf.config.plan import plan_run
         from flagperf.hosts.flagperf_training import CLUSTER_CONF, load_training_conf
@@ -1336,6 +1348,29 @@ def _check_file(path: Path, notes: list[str]) -> str:
         return f"{'FlagPerf host.yaml' if 'HOSTS' in data else 'inventory'}, {len(inv.hosts)} host(s)"
     raise ConfigError(display_path(path), None, "not a case.yaml, vendor/<vendor>.yaml, vendor.yaml, engine.yaml, "
                                                 "toolkit.yaml, suite, inventory or host.yaml file")
+
+
+def _check_adaptation_readme(folder: Path, what: str) -> str:
+    """A README of a vendor's folder of a case: each scale file it names is in the folder, as vendor check says."""
+    from flagperf.hosts.vendorcheck import readme_scale_findings
+
+    found = readme_scale_findings(folder)
+    if found:
+        raise gathered(found)
+    return f"README of {what}"
+
+
+def _packages_dockerfile(path: Path) -> Path | None:
+    """The Dockerfile whose packages/ folder (FlagPerf's, beside it) ``path`` lies in, in a vendor folder (its own
+    folder or a <framework>/ one of it has vendor.yaml); None for any other file."""
+    from flagperf.hosts.vendorcheck import PACKAGES_FOLDER
+    from flagperf.paths import VENDOR_MANIFEST
+
+    for folder in path.parents:
+        if folder.name == PACKAGES_FOLDER and (folder.parent / "Dockerfile").is_file() and any(
+                os.path.lexists(home / VENDOR_MANIFEST) for home in (folder.parent, folder.parent.parent)):
+            return folder.parent / "Dockerfile"
+    return None
 
 
 def _check_plugin_manifest(path: Path) -> str | None:

@@ -183,11 +183,28 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
     # All of the folder is in a round's container, at another path.
     for link in vendor_folder_links(vendor.folder, found.not_checkable):
         found.add_error(link)
-    for path, link in _leaving_links(vendor.folder):
+    skipped: list[str] = []
+    for path, link in _leaving_links(vendor.folder, skipped=skipped):
         # the "(and 1+ more ...)" line (no link of its own) is never one another check named
         if path is None or not _named_as_outside(path, vendor.folder, found.problems):
             found.add_error(link)
+    if skipped:
+        found.notes.append(_skipped_note(vendor.folder, skipped))
     return found
+
+
+# How many folders the note on those the link scan skips names (a vendor repository has a __pycache__ per package).
+SKIPPED_NAMED = 10
+
+
+def _skipped_note(folder: Path, skipped: list[str]) -> str:
+    """The note on the folders the link scan passed over (paths.walk_source's rule: a dot-folder, __pycache__,
+    node_modules, a Python environment), as a round's scan and the source digest pass them: not a problem for a run,
+    but a link out of the vendor folder in one is never looked at, so the vendor is told which they are."""
+    named = ", ".join(skipped[:SKIPPED_NAMED]) + (f" and {len(skipped) - SKIPPED_NAMED} more"
+                                                  if len(skipped) > SKIPPED_NAMED else "")
+    return (f"{display_path(folder)}: not scanned (skipped as in every round: {named}): links in "
+            f"{'it' if len(skipped) == 1 else 'them'} are not checked")
 
 
 def _named_as_outside(link: Path, folder: Path, problems: list[str]) -> bool:
@@ -218,27 +235,27 @@ def links_out_of_vendor_folder(folder: Path, under: str | None = None) -> list[C
     return [error for _, error in _leaving_links(folder, under)]
 
 
+# How many links out of the vendor folder the scan gathers: the named ones and one more, three times over (links by
+# an absolute path count too, and absolute_links names them).
+SCAN_LIMIT = 3 * (LINKS_NAMED + 1)
+
+
 # A relative link out of the project may land in a round's data mount, which the round lets pass; the check has no
 # inventory to know (docs/vendor-guide.md).
 _UNLESS_MOUNTED = " unless an inventory mounts that place"
 
 
-def _leaving_links(folder: Path, under: str | None = None) -> list[tuple[Path | None, ConfigError]]:
-    """links_out_of_vendor_folder's, each with the link's path (the line saying there are more: None)."""
+def _leaving_links(folder: Path, under: str | None = None, skipped: list[str] | None = None
+                   ) -> list[tuple[Path | None, ConfigError]]:
+    """links_out_of_vendor_folder's, each with the link's path (the line saying there are more: None); ``skipped``:
+    the folders the scan passed over are added to it (links_leaving's)."""
     written = str(folder)
     # One more than named: that one says the list goes on, as the round's "(and N+ more)" does. The scan counts the
-    # links by an absolute path too, which absolute_links names: where they filled it, it is looked through further
-    # (a few times at most), so that "more" means more named by neither.
-    limit = LINKS_NAMED + 1
-    used = limit
-    for _ in range(3):
-        used = limit  # the limit of the scan whose facts are kept (the loop raises it after every scan)
-        facts = PathFacts.of(describe_paths([written], scan=[written], tree=str(PROJECT_ROOT), limit=used,
-                                            only=under)[written])
-        relative = [link for link in facts.links_out if not os.path.isabs(link[1])]
-        if len(facts.links_out) < limit or len(relative) > LINKS_NAMED:
-            break
-        limit = LINKS_NAMED + 1 + len(facts.links_out) - len(relative)
+    # links by an absolute path too, which absolute_links names, so it looks further (three times as far) for "more"
+    # to mean more named by neither; where those still fill it, a line says the scan stopped.
+    facts = PathFacts.of(describe_paths([written], scan=[written], tree=str(PROJECT_ROOT), limit=SCAN_LIMIT,
+                                        only=under, skipped=skipped)[written])
+    relative = [link for link in facts.links_out if not os.path.isabs(link[1])]
     real_root = os.path.realpath(PROJECT_ROOT)
     project = (str(PROJECT_ROOT), real_root) if facts.path == real_root or facts.path.startswith(real_root + os.sep) \
         else None
@@ -253,8 +270,8 @@ def _leaving_links(folder: Path, under: str | None = None) -> list[tuple[Path | 
         found.append((None, ConfigError(given_name(scanned), None, f"(and 1+ more links that leave the vendor "
                                         f"folder, not listed: only the first {LINKS_NAMED} are named; fix these "
                                         "and check again)")))
-    elif len(facts.links_out) >= used:  # links by an absolute path filled the scan each time: the rest unseen
-        found.append((None, ConfigError(given_name(scanned), None, f"(the scan stopped at its first {used} "
+    elif len(facts.links_out) >= SCAN_LIMIT:  # links by an absolute path filled the scan: the rest unseen
+        found.append((None, ConfigError(given_name(scanned), None, f"(the scan stopped at its first {SCAN_LIMIT} "
                                         "links that leave the vendor folder, many by an absolute path: more may "
                                         "follow; fix these and check again)")))
     return found
@@ -385,7 +402,8 @@ def _check_dockerfile(dockerfile: Path, found: Findings) -> None:
     for script in scripts:
         if script not in text:
             found.problem(where, f"{script} is beside the Dockerfile but the Dockerfile never uses it")
-    _check_packages_named(dockerfile, text, scripts, found)
+    for error in _packages_named(dockerfile, text, scripts):
+        found.add_error(error)
     if not any(where in p or p.startswith(f"{display_path(context)}/") for p in found.problems):
         found.passed.append(f"image {where}" + (f" with {', '.join(scripts)}" if scripts else ""))
 
@@ -396,11 +414,22 @@ PACKAGES_FOLDER = "packages"
 PACKAGE_PATH = re.compile(rf"(?<![\w./$-])(?:\./)?({PACKAGES_FOLDER}/[^\s'\";|&<>()`$]*)")
 
 
-def _check_packages_named(dockerfile: Path, text: str, scripts: list[str], found: Findings) -> None:
+def packages_findings(dockerfile: Path) -> list[ConfigError]:
+    """_packages_named of a Dockerfile and the install scripts beside it (`flagperf validate` of a file of the
+    packages/ folder beside it); the Dockerfile's own problems are vendor check's."""
+    try:
+        text = read_config_text(dockerfile, what="a Dockerfile")
+    except ConfigError as exc:
+        return [exc]
+    return _packages_named(dockerfile, text, sorted(p.name for p in dockerfile.parent.glob("*install*.sh")))
+
+
+def _packages_named(dockerfile: Path, text: str, scripts: list[str]) -> list[ConfigError]:
     """Each packages/ path the Dockerfile's RUN lines or its install scripts name is in the build context (the
     Dockerfile's folder) and stays in it: the build would fail on the host, after the image's base was pulled. A
     glob (packages/*.whl) needs one match. Links out of packages/ are the vendor folder's link scans' (whole)."""
     context = dockerfile.parent
+    found: list[ConfigError] = []
     sources = [(display_path(dockerfile), [line if re.match(r"\s*RUN\s", line) else "" for line in
                                           text.splitlines()])]
     for script in scripts:
@@ -408,18 +437,20 @@ def _check_packages_named(dockerfile: Path, text: str, scripts: list[str], found
             sources.append((display_path(context / script), read_config_text(context / script,
                                                                            what="an install script").splitlines()))
         except ConfigError as exc:
-            found.add_error(exc)
+            found.append(exc)
     for where, lines in sources:
         for number, line in enumerate(lines, start=1):
             for named in dict.fromkeys(PACKAGE_PATH.findall(line.split("#", 1)[0])):
                 path = named.rstrip("/")
                 real = os.path.realpath(context / path)
                 if not is_under(real, os.path.realpath(context)):
-                    found.problem(where, f"line {number}: names {named}, which leads out of {display_path(context)} "
-                                         "(the build sees only its own folder)")
+                    found.append(ConfigError(where, None, f"line {number}: names {named}, which leads out of "
+                                             f"{display_path(context)} (the build sees only its own folder)"))
                 elif not (any(context.glob(path)) if re.search(r"[*?\[]", path) else os.path.exists(context / path)):
-                    found.problem(where, f"line {number}: names {named}, which is not in {display_path(context)} "
-                                         f"(FlagPerf's {PACKAGES_FOLDER}/ goes beside the Dockerfile)")
+                    found.append(ConfigError(where, None, f"line {number}: names {named}, which is not in "
+                                             f"{display_path(context)} (FlagPerf's {PACKAGES_FOLDER}/ goes beside "
+                                             "the Dockerfile)"))
+    return found
 
 
 def _check_monitor(vendor: Vendor, name: str, command: list[str], seconds: float, found: Findings, *,
@@ -768,7 +799,8 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
     used += [f"scale {name}" for name in scales]
     _note_missing_scales(case.family, place.folder, str(vendor.manifest.hardware), scales, problems, found)
     if place.present:
-        _check_readme_scales(place.folder, found)
+        for error in readme_scale_findings(place.folder):
+            found.add_error(error)
     problems = adaptation_problems(case.folder, case.family, vendor.name, vendor.folder)
     for problem in problems:  # every part's, not only the first a run would stop at; each part's findings
         found.add_error(problem)
@@ -797,25 +829,26 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
 README_SCALE = re.compile(r"(?<![\w.-])config_[A-Za-z0-9_.-]+?x\d+x\d+\.(?:yaml|py)\b")
 
 
-def _check_readme_scales(folder: Path, found: Findings) -> None:
+def readme_scale_findings(folder: Path) -> list[ConfigError]:
     """Each scale file a README of the vendor's folder of the case names is there (as .yaml or .py: a README
     brought from FlagPerf names config_<hw>x1x8.py): results it reports at a scale the folder has no file for were
     not taken with the settings it ships. Only names are compared; the README is read as text, bounded."""
+    found: list[ConfigError] = []
     for readme in sorted(folder.glob("README*")):
         if not readme.is_file():
             continue
         try:
             text = read_config_text(readme, what="a README")
         except ConfigError as exc:
-            found.add_error(exc)
+            found.append(exc)
             continue
         for name in dict.fromkeys(README_SCALE.findall(text)):
             stem = name.rsplit(".", 1)[0]
             if not any(is_present(folder / f"{stem}.{suffix}") for suffix in ("yaml", "py")):
-                found.problem(display_path(readme), f"names {name}, which {display_path(folder)} does not have "
-                                                    f"({stem}.yaml or .py): the results it reports at that scale are "
-                                                    "not reproducible from the folder; add the file or correct the "
-                                                    "README")
+                found.append(ConfigError(display_path(readme), None, f"names {name}, which {display_path(folder)} "
+                                         f"does not have ({stem}.yaml or .py): the results it reports at that scale "
+                                         "are not reproducible from the folder; add the file or correct the README"))
+    return found
 
 
 def _note_missing_scales(family: str, folder: Path, hardware: str, read: list[str], refused: list[ConfigError],

@@ -247,11 +247,14 @@ def test_the_packages_an_install_step_names_and_the_scales_a_case_readme_names_a
         f"{script}: line 3: names packages/../../spec.py, which leads out of {shown} (the build sees only its own "
         "folder)"], found.problems
     assert found.passed == []
+    wheel = context / "packages" / "wheels" / "acme_torch-1.0-py3-none-any.whl"
+    assert validate_findings(wheel) == found.problems  # validate of a file of packages/ says the same
     (context / "packages" / "acme-driver.run").write_text("driver\n")
     (context / "install.sh").write_text("#!/bin/sh\nsh packages/acme-driver.run --silent\n")
     fixed = Findings()
     _check_image(vendor, fixed)
     assert fixed.problems == [] and fixed.passed == [f"image {display_path(context / 'Dockerfile')} with install.sh"]
+    assert validate_findings(wheel) == []
 
     cases = tmp_path / "cases"
     shutil.copytree(FIXTURE / "cases", cases)
@@ -270,3 +273,19 @@ def test_the_packages_an_install_step_names_and_the_scales_a_case_readme_names_a
         f"{display_path(readme)}: names {name}, which {display_path(adapted)} does not have ({stem}.yaml or .py): "
         f"{tail}" for name, stem in (("config_testvendorx1x8.py", "config_testvendorx1x8"),
                                      ("config_testvendorx2x8.yaml", "config_testvendorx2x8"))], found.problems
+    assert validate_findings(readme) == [p for p in found.problems if p.startswith(display_path(readme))]
+    (adapted / "config_testvendorx1x8.py").write_text("lr = 0.1\n")
+    (adapted / "config_testvendorx2x8.yaml").write_text("{}\n")
+    assert validate_findings(readme) == []
+
+
+def validate_findings(path: Path) -> list[str]:
+    """`flagperf validate`'s lines of one file (its check, in this process), [] where it passes."""
+    from flagperf.errors import FlagperfError, findings
+    from flows.cli import _check_file
+
+    try:
+        _check_file(path, [])
+    except FlagperfError as exc:
+        return [str(finding) for finding in findings(exc)]
+    return []
