@@ -1131,6 +1131,30 @@ def test_an_address_a_new_read_of_the_interfaces_lacks_is_dropped_and_the_given_
     assert not refused(b"lab:4200") and not refused(b"10.9.9.9:4200")
 
 
+def test_a_host_refused_for_its_port_is_told_what_port_it_names() -> None:
+    """The temporary server's refusal of a Host on another port said "names another port than this server's (4200)"
+    of a Host that names none, and "(None)" where the server did not say its port. A Host without a port is said
+    to name none; a server without a port has none named."""
+    import asyncio
+
+    from flagperf.site.front import REBINDING, HostCheck
+
+    hosts = HostCheck(["127.0.0.1"], own_port=True)
+
+    def refusal(host: bytes, server: tuple[str, int] | None) -> str | None:
+        scope = {"type": "http", "scheme": "http", "headers": [(b"host", host)], "server": server}
+        return asyncio.run(hosts.refused(scope))
+
+    tail = "; open it by the address its banner shows\n"
+    assert refusal(b"127.0.0.1", ("127.0.0.1", 4200)) == \
+        f"{REBINDING}: Host '127.0.0.1' names no port (this server listens on 4200){tail}"
+    assert refusal(b"127.0.0.1:4201", ("127.0.0.1", 4200)) == \
+        f"{REBINDING}: Host '127.0.0.1:4201' names another port than this server's (4200){tail}"
+    assert refusal(b"127.0.0.1:4200", None) == \
+        f"{REBINDING}: Host '127.0.0.1:4200' names another port than this server's{tail}"
+    assert refusal(b"127.0.0.1", None) == f"{REBINDING}: Host '127.0.0.1' names no port{tail}"
+
+
 def test_the_temporary_server_of_a_run_listens_on_loopback_only() -> None:
     """`flagperf run`'s temporary server has no sign-in (docs/team.md): that holds only while nothing beyond this
     machine reaches it, so it listens on 127.0.0.1 and its API address says so."""
