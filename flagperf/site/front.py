@@ -203,12 +203,7 @@ def own_origin(scope: Scope, addresses: Iterable[str]) -> str:
     scheme = str(scope.get("scheme") or "http")
     scheme = {"ws": "http", "wss": "https"}.get(scheme, scheme)  # a websocket's handshake: its page's scheme
     origin = origin_of(f"{scheme}://{hosts[0].decode('latin-1')}")
-    parts = urlsplit(origin)
-    try:
-        port = parts.port or {"http": 80, "https": 443}.get(scheme)
-    except ValueError:
-        return ""
-    if not origin or port != server[1] or bracketed(parts.hostname or "") not in set(addresses):
+    if not origin or host_port(scope) != server[1] or bracketed(urlsplit(origin).hostname or "") not in set(addresses):
         return ""
     return origin
 
