@@ -209,12 +209,16 @@ def test_the_report_says_what_the_points_were_checked_against() -> None:
     for points in (first, second):
         points += [point(1, "float64 on cpu", None, implementation="compile"),
                    point(2, "float32 on cuda", sample, "skipped", implementation="compile")]
+    # one whose every point was skipped (its library missing) was in no kind, as if not compared: each kind names
+    # every implementation, 0 where it has none of it
+    for points in (first, second):
+        points += [point(1, "float64 on cpu", None, "skipped", implementation="flaggems")]
     results = [result(1, first), result(2, second)]
-    assert ("  - checked against: float64 on cpu, whole output (2 point-implementation pairs: native 1, compile 1); "
-            "float32 on cuda + float64 host sample (3 point-implementation pairs: native 3); float32 on cuda only, no "
-            "host sample (3 point-implementation pairs: native 3); rounds differ: float32 on cuda + float64 host "
-            "sample / float32 on cuda only, no host sample (1 point-implementation pair: native 1)") \
-        in method_lines(results)
+    assert ("  - checked against: float64 on cpu, whole output (2 point-implementation pairs: native 1, compile 1, "
+            "flaggems 0); float32 on cuda + float64 host sample (3 point-implementation pairs: native 3, compile 0, "
+            "flaggems 0); float32 on cuda only, no host sample (3 point-implementation pairs: native 3, compile 0, "
+            "flaggems 0); rounds differ: float32 on cuda + float64 host sample / float32 on cuda only, no host sample "
+            "(1 point-implementation pair: native 1, compile 0, flaggems 0)") in method_lines(results)
     merged = points_of(results)
     assert checked_counts(merged) == {
         "float64 on cpu, whole output": 2, "float32 on cuda + float64 host sample": 3,
