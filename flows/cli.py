@@ -1047,7 +1047,7 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
         stray_entry_problem,
         vendor_case_problem,
     )
-    from flagperf.config.vendors import MANIFEST, load_vendor_manifest
+    from flagperf.config.vendors import MANIFEST, available_vendors, load_vendor_manifest
     from flagperf.hosts.vendorcheck import links_out_of_vendor_folder  # the round's link scan
 
     home, family, name = kept
@@ -1059,6 +1059,9 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
     case = load_case(name, known)
     manifest = load_vendor_manifest(home / MANIFEST)
     _refuse_shadowed(path, home, manifest.name)
+    # a folder --vendor does not find (not installed here): its own engines judge the file, as vendor check's do
+    known = available_vendors().get(manifest.name)
+    installed = known is not None and known.resolve() == home.resolve()
     # By an absolute path, or relative and out of the vendor folder (the round's scan of it refuses those too).
     links = adaptation.absolute_links(home, folder) + links_out_of_vendor_folder(
         home, f"{adaptation.VENDOR_CASES_FOLDER}/{family}/{name}")
@@ -1070,7 +1073,7 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
             raise ConfigError(display_path(path), None, misnamed[path])
         if path.name == overrides_name(family, manifest.name):
             resolve_case_config(case, vendor=manifest.name, run_overrides=[], hardware=manifest.hardware,
-                                vendor_folder=home)
+                                vendor_folder=home, check_vendor=installed)
             return f"vendor overrides of {name} (vendor {manifest.name}'s folder)"
     if scale and path.parent == folder:
         problem = scale_file_problem(path.name, family, manifest.name, str(manifest.hardware))
@@ -1078,7 +1081,7 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
             raise ConfigError(display_path(path), None, problem)
         sizes = {"nnodes": int(scale.group(2)), "nproc_per_node": int(scale.group(3))}
         resolve_case_config(case, vendor=manifest.name, run_overrides=[(str(path), sizes)], hardware=scale.group(1),
-                            vendor_folder=home)
+                            vendor_folder=home, check_vendor=installed)
         return f"training scale overrides of {name} (vendor {manifest.name}'s folder)"
     if path.name in (adaptation.ENV_FILE, adaptation.REQUIREMENTS_FILE, adaptation.EXTERN_HOOKS_FILE,
                      adaptation.CSRC_SETUP):

@@ -194,6 +194,18 @@ def test_a_folder_not_installed_here_is_judged_by_its_own_implementations(
             assert used == ["overrides acme.yaml"] and found.problems == [], found.problems
         else:
             assert len(found.problems) == 1 and problem in found.problems[0], found.problems
+    # `flagperf validate` of the file acme keeps in its own folder of the case judges it by acme's folders too, as
+    # vendor check does (it read comp against the installed vendors: "unknown implementations 'comp'")
+    kept = folder / "cases" / "operation" / "op-gemm" / "acme.yaml"
+    kept.parent.mkdir(parents=True)
+    kept.write_text("implementations: [comp]\n")
+    comp.mkdir()  # dropped above
+    (comp / "engine.yaml").write_text("name: comp\ndescription: compiled\nmodule: flagperf.operation.compiled\n"
+                                      "options: [inductor_mode]\n")
+    monkeypatch.delenv("FLAGPERF_CASE_PATH")  # the shipped op-gemm: one case of the name
+    from flows.cli import _validate_file
+
+    assert _validate_file(kept) == "vendor overrides of op-gemm (vendor acme's folder)"
 
 
 @pytest.mark.parametrize("text", ["", "# X1: figures to come\n"], ids=["empty", "comments-only"])
