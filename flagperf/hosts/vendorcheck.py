@@ -188,8 +188,11 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
         # the "(and 1+ more ...)" line (no link of its own) is never one another check named
         if path is None or not _named_as_outside(path, vendor.folder, found.problems):
             found.add_error(link)
-    if skipped:
-        found.notes.append(_skipped_note(vendor.folder, skipped))
+    # __pycache__ is Python's own (a vendor's package gets one at every import): naming it in every check says
+    # nothing a vendor can act on, so only the folders a vendor made are named
+    made = [name for name in skipped if Path(name).name != "__pycache__"]
+    if made:
+        found.notes.append(_skipped_note(vendor.folder, made))
     return found
 
 
