@@ -194,7 +194,7 @@ def hosts_left_out(run_dir: Path, summary: RunSummary) -> str | None:
         found += [f"{host}_noderank{rank} ({case} round{round_no}: no folder, never run there)"
                   for case, round_no, host, rank in plan[0]
                   # names as a folder's (a plan.json is a run folder's file: never a path out of the run)
-                  if ROUND_FOLDER.fullmatch(f"{host}_noderank{rank}") and CASE_FOLDER.fullmatch(str(case))
+                  if ROUND_FOLDER.fullmatch(f"{host}_noderank{rank}") and CASE_FOLDER.fullmatch(case)
                   and not os.path.lexists(round_dir(run_dir, case, round_no, host, rank))]
     found += [f"{e['host']} ({e['case']} round{e['round']}: {e['status']})" for e in summary.not_measured]
     if not found:
@@ -608,9 +608,13 @@ def planned_rounds(run_dir: Path) -> tuple[list[tuple[str, int, str, int]], int,
     hosts_per_case: list[int] = []  # the records of one round of each case: its hosts (an nnodes case's nodes)
     try:
         plan = read_json_file(run_dir / PLAN_JSON, what="a run's plan")  # bounded; a FIFO is refused, not read
-        named = [h["name"] for h in plan.get("hosts") or []]
+        # Names as this engine writes them, strings: a plan.json's whole number or true/false is no folder's name
+        # (and would not join a path), so it is left out as a name the run never used
+        named = [name for h in plan.get("hosts") or [] if isinstance(name := h["name"], str)]
         hosts = named or ["local"]
         for case in plan["cases"]:
+            if not isinstance(case["name"], str):
+                continue
             groups = node_groups(case.get("config") or {}, hosts)
             hosts_per_case.append(sum(len(group) for group in groups))
             for round_no in range(1, int(plan["rounds"]) + 1):

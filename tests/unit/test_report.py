@@ -307,15 +307,20 @@ def test_compare_and_diagnose_say_which_host_rounds_their_figures_leave_out(tmp_
            "result.json)" in " ".join(result.output.split()), result.output
 
     # Rounds the plan gave a host that never got a folder (the glob saw only folders that are there): named too,
-    # from plan.json; a plan.json's names that are no folder's (a path out of the run) are never looked up.
-    plan = {"rounds": 2, "hosts": [{"name": "h1"}, {"name": "h2"}, {"name": "../../h3"}],
-            "cases": [{"name": "computation-FP32"}, {"name": "../outside"}]}
+    # from plan.json; a plan.json's names that are no folder's (a path out of the run, a whole number or true/false,
+    # which would not join a path) are never looked up.
+    plan = {"rounds": 2, "hosts": [{"name": "h1"}, {"name": "h2"}, {"name": "../../h3"}, {"name": 7}, {"name": False}],
+            "cases": [{"name": "computation-FP32"}, {"name": "../outside"}, {"name": 5}, {"name": True}]}
     (b / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
     result = CliRunner().invoke(app, ["compare", str(a), str(b)])
     assert result.exit_code == 0, result.output
     assert ("B: 2 host rounds left out of the figures: h2_noderank0 (computation-FP32 round1: no result.json), "
             "h2_noderank0 (computation-FP32 round2: no folder, never run there)") in " ".join(result.output.split())
     assert "outside" not in result.output and "h3" not in result.output
+    assert not any(word in result.output for word in ("7_noderank", "5 round", "True", "False"))
+    result = CliRunner().invoke(app, ["diagnose", str(b), "--baseline", str(a)])
+    assert isinstance(result.exception, SystemExit | None), result.exception  # its verdict's exit, no traceback
+    assert "computation-FP32 round2: no folder" in " ".join(result.output.split()), result.output
     (a / "plan.json").write_text(json.dumps({"rounds": 2, "cases": [{"name": "computation-FP32"}]}),
                                  encoding="utf-8")  # no hosts named: which folders it would make is not known
     assert compare_runs(a, a)[1]["left_out"] == []
