@@ -43,6 +43,7 @@ from flagperf.results.operators import (
 )
 from flagperf.results.schema import (
     ESTIMATED_PEAK_LEGEND,
+    MAX_ROUNDS,
     RESULT_FILE,
     UPPER_ESTIMATE,
     Metric,
@@ -634,6 +635,10 @@ def planned_rounds(run_dir: Path) -> tuple[list[tuple[str, int, str, int]], int,
     hosts_per_case: list[int] = []  # the records of one round of each case: its hosts (an nnodes case's nodes)
     try:
         plan = read_json_file(run_dir / PLAN_JSON, what="a run's plan")  # bounded; a FIFO is refused, not read
+        rounds = plan["rounds"]
+        # A whole number the planner allows: 1e999 would overflow int(), 3,000,000 build a list of millions
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds <= MAX_ROUNDS:
+            return None
         # Names as this engine writes them, strings: a plan.json's whole number or true/false is no folder's name
         # (and would not join a path), so it is left out as a name the run never used
         named = [name for h in plan.get("hosts") or [] if isinstance(name := h["name"], str)]
@@ -643,11 +648,10 @@ def planned_rounds(run_dir: Path) -> tuple[list[tuple[str, int, str, int]], int,
                 continue
             groups = node_groups(case.get("config") or {}, hosts)
             hosts_per_case.append(sum(len(group) for group in groups))
-            for round_no in range(1, int(plan["rounds"]) + 1):
+            for round_no in range(1, rounds + 1):
                 planned += [(case["name"], round_no, host, rank) for group in groups
                             for rank, host in enumerate(group)]
-        rounds = int(plan["rounds"])
-    except (FlagperfError, KeyError, TypeError, ValueError, AttributeError):
+    except (FlagperfError, KeyError, TypeError, ValueError, AttributeError, OverflowError):
         return None
     return planned, rounds, hosts_per_case, bool(named)
 
