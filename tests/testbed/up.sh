@@ -458,7 +458,8 @@ for i in $(seq "$SLURM_NODES"); do
 done
 # Jobs a killed test session left, nodes it left drained: only a gone session's (slurm-leftovers.sh). Another
 # session testing on this bed right now keeps its jobs and the node it drained on purpose.
-timeout 30 squeue -h -p "$SLURM_PARTITION" -o '%i %j' 2>/dev/null | "$HERE/slurm-leftovers.sh" jobs \
+# Pending and running ones only: a completing job is already ending, and scancel of it fails (a false warning)
+timeout 30 squeue -h -p "$SLURM_PARTITION" -t PD,R -o '%i %j' 2>/dev/null | "$HERE/slurm-leftovers.sh" jobs \
   | xargs -r timeout 30 scancel 2>/dev/null || log "not every Slurm job of a gone test session cancelled (squeue lists them)"
 kept=" "  # nodes a live session drained: not waited for, not checked below
 while read -r verdict node why; do
@@ -468,17 +469,17 @@ while read -r verdict node why; do
     kept+="$node "; log "Slurm node $node kept drained: $why"
   fi
 done < <(timeout 10 sinfo -h -N -p "$SLURM_PARTITION" -o '%N|%T|%E' 2>/dev/null | sort -u | "$HERE/slurm-leftovers.sh" nodes)
-# Every node settled: idle, or running a job that was left (a live session's), or kept drained above. A node
-# whose jobs were cancelled is completing until it is idle.
+# Every node settled: idle, or running (or planned for) a job that was left (a live session's), or kept drained
+# above. A node whose jobs were cancelled is completing until it is idle.
 settled=
+read -ra kept_nodes <<<"$kept"
 for _ in $(seq 150); do  # slurmd registers within seconds of starting
   states=$(timeout 10 sinfo -h -N -p "$SLURM_PARTITION" -o '%N %T' 2>/dev/null | sort -u) || states=
   idle_nodes=() unsettled=0
-  while read -r node state; do
-    [ -n "$node" ] || continue
-    if [ "$state" = idle ]; then idle_nodes+=("$node")
-    elif [[ ! "$state" =~ ^(mixed|allocated)$ && "$kept" != *" $node "* ]]; then unsettled=$((unsettled + 1)); fi
-  done <<<"$states"
+  while read -r verdict node _; do
+    if [ "$verdict" = idle ]; then idle_nodes+=("$node")
+    elif [ "$verdict" = wait ]; then unsettled=$((unsettled + 1)); fi
+  done < <("$HERE/slurm-leftovers.sh" states "${kept_nodes[@]}" <<<"$states")
   if [ "$(grep -c . <<<"$states")" = "$SLURM_NODES" ] && [ "$unsettled" = 0 ]; then settled=1; break; fi
   sleep 0.2
 done

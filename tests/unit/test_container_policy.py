@@ -1389,8 +1389,8 @@ def test_up_cancels_only_a_gone_sessions_slurm_jobs_and_resumes_only_nodes_no_li
     live, gone = slurm_session(), f"sess{2 ** 22 + 1}t5"
     reused = f"sess{os.getpid()}t{int(session_id().split('.')[1]) + 1}"  # this pid, another process's start
 
-    def leftovers(mode: str, lines: list[str]) -> list[str]:
-        return subprocess.run(["bash", str(script), mode], input="\n".join(lines) + "\n", capture_output=True,
+    def leftovers(mode: str, lines: list[str], *kept: str) -> list[str]:
+        return subprocess.run(["bash", str(script), mode, *kept], input="\n".join(lines) + "\n", capture_output=True,
                               text=True, check=True).stdout.splitlines()
 
     jobs = [f"11 flagperf-pair-{live}-h1-x", f"12 flagperf-pair-{gone}-h1-x", f"13 flagperf-blocker-{reused}",
@@ -1403,6 +1403,13 @@ def test_up_cancels_only_a_gone_sessions_slurm_jobs_and_resumes_only_nodes_no_li
     assert [line.split()[:2] for line in said] == [["keep", "h1"], ["resume", "h2"], ["resume", "h3"],
                                                    ["resume", "h4"], ["resume", "h5"], ["keep", "h6"]]
     assert "a live test session's" in said[0] and "resume it by hand" in said[5]
+    # Settled once the leftovers are gone: idle nodes are checked by a step; a node a live session's job runs on,
+    # or is planned for (Slurm holds it for a pending job), or that is kept drained is busy, not waited for; a
+    # completing one is waited for.
+    states = ["h1 idle", "h2 mixed", "h3 allocated", "h4 planned", "h5 drained", "h6 completing", "h7 down", ""]
+    assert leftovers("states", states, "h5") == ["idle h1", "busy h2", "busy h3", "busy h4", "busy h5",
+                                                 "wait h6 completing", "wait h7 down"]
+    assert leftovers("states", states[4:5]) == ["wait h5 drained"]
 
 
 def test_down_sh_dry_run_says_what_it_would_take_down_and_changes_nothing() -> None:
