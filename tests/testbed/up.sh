@@ -90,8 +90,9 @@ OWNER=$(cat "$STATE/owner")
 [[ "$OWNER" =~ ^flagperf-testbed-[0-9a-f]{16}$ ]] || die "$STATE/owner holds '$OWNER', not an owner up.sh made (remove it)"
 # Rounds and probes a killed earlier test run left on this bed (the tests start from none of theirs). Only this
 # bed's (the engine may be shared with other flagperf deployments, whose containers are none of ours), and of
-# those only one whose session (the pid in its label, OWNER.<pid>) is gone: another session testing on this bed
-# right now keeps its containers, started or not (leftovers.sh).
+# those only one whose session (the pid and start in its label, OWNER.<pid>.<start>; an older session's
+# OWNER.<pid>) is gone: another session testing on this bed right now keeps its containers, started or not
+# (leftovers.sh, sessions.sh).
 docker ps -a --filter label=org.flagperf.owner --format '{{.ID}} {{.State}} {{.Label "org.flagperf.owner"}}' \
   | "$HERE/leftovers.sh" "$OWNER" | xargs -r docker rm -f >/dev/null \
   || log "not all leftover containers of $OWNER removed (docker ps -a --filter label=org.flagperf.owner lists them)"
