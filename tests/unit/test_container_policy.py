@@ -1420,8 +1420,8 @@ def test_up_cancels_only_a_gone_sessions_slurm_jobs_and_resumes_only_nodes_no_li
     live, gone = slurm_session(), f"sess{2 ** 22 + 1}t5"
     reused = f"sess{os.getpid()}t{int(session_id().split('.')[1]) + 1}"  # this pid, another process's start
 
-    def leftovers(mode: str, lines: list[str]) -> list[str]:
-        return subprocess.run(["bash", str(script), mode], input="\n".join(lines) + "\n", capture_output=True,
+    def leftovers(mode: str, lines: list[str], *kept: str) -> list[str]:
+        return subprocess.run(["bash", str(script), mode, *kept], input="\n".join(lines) + "\n", capture_output=True,
                               text=True, check=True).stdout.splitlines()
 
     jobs = [f"11 flagperf-pair-{live}-h1-x", f"12 flagperf-pair-{gone}-h1-x", f"13 flagperf-blocker-{reused}",
@@ -1434,6 +1434,13 @@ def test_up_cancels_only_a_gone_sessions_slurm_jobs_and_resumes_only_nodes_no_li
     assert [line.split()[:2] for line in said] == [["keep", "h1"], ["resume", "h2"], ["resume", "h3"],
                                                    ["resume", "h4"], ["resume", "h5"], ["keep", "h6"]]
     assert "a live test session's" in said[0] and "resume it by hand" in said[5]
+    # Settled once the leftovers are gone: idle nodes are checked by a step; a node a live session's job runs on,
+    # or is planned for (Slurm holds it for a pending job), or that is kept drained is busy, not waited for; a
+    # completing one is waited for.
+    states = ["h1 idle", "h2 mixed", "h3 allocated", "h4 planned", "h5 drained", "h6 completing", "h7 down", ""]
+    assert leftovers("states", states, "h5") == ["idle h1", "busy h2", "busy h3", "busy h4", "busy h5",
+                                                 "wait h6 completing", "wait h7 down"]
+    assert leftovers("states", states[4:5]) == ["wait h5 drained"]
 
 
 def test_down_sh_dry_run_says_what_it_would_take_down_and_changes_nothing() -> None:
@@ -1456,9 +1463,16 @@ def test_down_sh_dry_run_says_what_it_would_take_down_and_changes_nothing() -> N
         assert all("(dry run: nothing done)" in line for line in done.stderr.splitlines()), done.stderr
     assert every.stdout.splitlines()[-1] == "would: rm -rf --one-file-system /tmp/flagperf-testbed"
     if bed_up:  # the live bed: named in full, left as it was
-        assert "would: ip netns delete fp-h1" in every.stdout and "would: ip link delete fpbr0" in every.stdout
-        assert "fp-h1" not in beyond.stdout and "fpbr0" not in beyond.stdout
+        # whole lines and words: on a bed of 10 hosts or more, fp-h10 (which --beyond 1 takes down) holds "fp-h1"
+        h1 = {"would: ip netns delete fp-h1", "would: ip link delete fpv1"}
+        assert h1 | {"would: ip link delete fpbr0"} <= set(every.stdout.splitlines()), every.stdout
+        assert not (h1 | {"would: ip link delete fpbr0"}) & set(beyond.stdout.splitlines()), beyond.stdout
+        assert not any("/tmp/flagperf-testbed/hosts/h1" in line.split() for line in beyond.stdout.splitlines())
         assert Path("/run/netns/fp-h1").exists() and Path("/sys/class/net/fpbr0").exists()
-        if sshd:  # its namespace's processes, the sshd among them, would be stopped; it runs on
-            stops = [line.split()[2:] for line in every.stdout.splitlines() if line.startswith("would: stop ")]
-            assert any(sshd in pids for pids in stops) and Path(f"/proc/{sshd}").exists(), stops
+        # its namespace's processes, the sshd among them, would be stopped; it runs on. Only root is told a
+        # namespace's processes (ip netns pids prints nothing to another user), so only root's dry run names them.
+        if sshd and os.geteuid() == 0:
+            def stops(done: subprocess.CompletedProcess[str]) -> list[list[str]]:
+                return [line.split()[2:] for line in done.stdout.splitlines() if line.startswith("would: stop ")]
+            assert any(sshd in pids for pids in stops(every)) and Path(f"/proc/{sshd}").exists(), stops(every)
+            assert not any(sshd in pids for pids in stops(beyond)), stops(beyond)
