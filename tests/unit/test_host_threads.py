@@ -434,24 +434,19 @@ def test_a_docker_rounds_stop_tries_the_kill_again_until_the_container_ends(tmp_
     assert container.killed.is_set() and container.kills == 3
 
 
-def test_a_docker_round_the_stop_killed_keeps_its_log_and_the_controllers_ended_marker(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ctrl-C while a local engine's container runs a round: the watcher kills it and its runtime sees it end
-    (status 137). That end is recorded as any seen end is: the controller's ended marker (a serving attempt's record
-    of prompt positions is final, so `flagperf run --retry` does not pass over prompts it never sent) and the
-    attempt's case.log (what it printed). Both were lost when the stop's RoundsStopped threw the exit code away."""
-    import json
+def stopped_docker_round(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: EngineContainer
+                         ) -> tuple[BaseException | object, LocalHost, Path]:
+    """A computation round run through tasks.container._run_case on a local engine's ``engine``, in a host's
+    thread that is stopped once the container's wait starts: (what _run_case ended with, the host, the round's
+    stage folder)."""
     from contextvars import copy_context
 
     from flagperf.config.job import Job
     from flagperf.config.plan import plan_run
-    from flagperf.hosts.threads import CaseStopped
-    from flagperf.results.schema import CASE_LOG_FILE
     from tasks import container as container_module
 
     monkeypatch.setattr(container_module, "get_run_logger", lambda: logging.getLogger("test"))  # no task run around
     host = LocalHost(name="a", work_root=tmp_path / "a")
-    engine = EngineContainer()
     runtime = docker_runtime(host.work_root, engine)
     plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
     case = plan.cases[0]
@@ -476,11 +471,51 @@ def test_a_docker_round_the_stop_killed_keeps_its_log_and_the_controllers_ended_
     wait_until(engine.waiting.is_set, "the container's wait starts")
     threads.stop()
     waiter.join(DEADLINE_S)
-    assert outcome and isinstance(outcome[0], CaseStopped) and outcome[0].exit_code == -9, outcome
+    assert outcome, "the round did not end"
+    return outcome[0], host, stage
+
+
+def test_a_docker_round_the_stop_killed_keeps_its_log_and_the_controllers_ended_marker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while a local engine's container runs a round: the watcher kills it and its runtime sees it end
+    (status 137). That end is recorded as any seen end is: the controller's ended marker (a serving attempt's record
+    of prompt positions is final, so `flagperf run --retry` does not pass over prompts it never sent) and the
+    attempt's case.log (what it printed). Both were lost when the stop's RoundsStopped threw the exit code away."""
+    import json
+
+    from flagperf.hosts.threads import CaseStopped
+    from flagperf.results.schema import CASE_LOG_FILE
+
+    engine = EngineContainer()
+    outcome, host, stage = stopped_docker_round(tmp_path, monkeypatch, engine)
+    assert isinstance(outcome, CaseStopped) and outcome.exit_code == -9, outcome
     assert engine.killed.is_set() and engine.removed.is_set()
     marker = host.ended_marker(stage / "attempt1")
     assert marker is not None and json.loads(marker.read_text()) == {"exit_code": -9}
     assert (stage / "attempt1" / CASE_LOG_FILE).read_text() == "[case] started\n[case] point 1 sent\n"
+
+
+def test_a_docker_round_the_stop_killed_with_its_link_dropped_keeps_no_ended_marker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while a container runs, and its wait's link drops as the watcher kills it: the engine, reached again,
+    says the container has ended, but a wait that lost its link is no seen end (the link's word stands, as
+    outside a stop). A plain RoundsStopped: no controller's ended marker, so the attempt's record of prompt
+    positions stays held at its bound."""
+    import requests
+
+    from flagperf.hosts.threads import CaseStopped
+
+    class DroppedWait(EngineContainer):
+        def wait(self, timeout: float) -> dict[str, int]:
+            super().wait(timeout)  # until the watcher's kill
+            raise requests.exceptions.ConnectionError("connection reset by peer")  # its answer lost on the way
+
+    engine = DroppedWait()
+    outcome, host, stage = stopped_docker_round(tmp_path, monkeypatch, engine)
+    assert isinstance(outcome, RoundsStopped) and not isinstance(outcome, CaseStopped), outcome
+    assert engine.killed.is_set() and engine.removed.is_set()
+    marker = host.ended_marker(stage / "attempt1")
+    assert marker is not None and not marker.exists()
 
 
 def test_a_docker_rounds_wait_outside_a_stop_is_the_containers_own(tmp_path: Path) -> None:
