@@ -518,6 +518,20 @@ def test_a_docker_round_the_stop_killed_with_its_link_dropped_keeps_no_ended_mar
     assert marker is not None and not marker.exists()
 
 
+def test_a_case_stopped_survives_pickling_and_deep_copy() -> None:
+    """CaseStopped crosses Prefect's state storage (pickled) and deep copies with its exit code and log lines: its
+    args hold only the message, so the default reduce called it without them (TypeError)."""
+    import copy
+    import pickle
+
+    from flagperf.hosts.threads import CaseStopped
+
+    stopped = CaseStopped("the run is stopping", -9, ["[case] started"])
+    for again in (pickle.loads(pickle.dumps(stopped)), copy.deepcopy(stopped)):
+        assert type(again) is CaseStopped and str(again) == "the run is stopping"
+        assert again.exit_code == -9 and again.lines == ["[case] started"]
+
+
 def test_a_docker_rounds_wait_outside_a_stop_is_the_containers_own(tmp_path: Path) -> None:
     """No stop: the wait is the container's, and its watcher kills nothing and ends with the wait (a watcher left
     behind per round would pile up, and could kill at a later stop)."""
