@@ -421,7 +421,11 @@ class DockerRuntime(Runtime):
             result, lines = self._run(host, argv, name, {f"{LABEL}.job": str(job_dir)}, timeout_s, on_line,
                                       pid_file=pid_file, scratch=True, data=True)
         except CaseStopped as stopped:  # killed at the stop: its log is kept as any ended round's
-            host.write_text(job_dir / CASE_LOG_FILE, "\n".join(stopped.lines) + ("\n" if stopped.lines else ""))
+            try:
+                host.write_text(job_dir / CASE_LOG_FILE, "\n".join(stopped.lines) + ("\n" if stopped.lines else ""))
+            except Exception as exc:  # a full disk, a closed link: its end was still seen (the controller's marker)
+                logger.warning("the log of container %s, stopped, could not be kept on %s: %s", name, host.name,
+                               _one_line(exc))
             raise
         host.write_text(job_dir / CASE_LOG_FILE, "\n".join(lines) + ("\n" if lines else ""))
         return result

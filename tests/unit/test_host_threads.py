@@ -434,11 +434,11 @@ def test_a_docker_rounds_stop_tries_the_kill_again_until_the_container_ends(tmp_
     assert container.killed.is_set() and container.kills == 3
 
 
-def stopped_docker_round(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: EngineContainer
-                         ) -> tuple[BaseException | object, LocalHost, Path]:
-    """A computation round run through tasks.container._run_case on a local engine's ``engine``, in a host's
-    thread that is stopped once the container's wait starts: (what _run_case ended with, the host, the round's
-    stage folder)."""
+def stopped_docker_round(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: EngineContainer,
+                         host: LocalHost | None = None) -> tuple[BaseException | object, LocalHost, Path]:
+    """A computation round run through tasks.container._run_case on a local engine's ``engine`` (on ``host``, else
+    local host "a"), in a host's thread that is stopped once the container's wait starts: (what _run_case ended
+    with, the host, the round's stage folder)."""
     from contextvars import copy_context
 
     from flagperf.config.job import Job
@@ -446,7 +446,7 @@ def stopped_docker_round(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine
     from tasks import container as container_module
 
     monkeypatch.setattr(container_module, "get_run_logger", lambda: logging.getLogger("test"))  # no task run around
-    host = LocalHost(name="a", work_root=tmp_path / "a")
+    host = host or LocalHost(name="a", work_root=tmp_path / "a")
     runtime = docker_runtime(host.work_root, engine)
     plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
     case = plan.cases[0]
@@ -493,6 +493,30 @@ def test_a_docker_round_the_stop_killed_keeps_its_log_and_the_controllers_ended_
     marker = host.ended_marker(stage / "attempt1")
     assert marker is not None and json.loads(marker.read_text()) == {"exit_code": -9}
     assert (stage / "attempt1" / CASE_LOG_FILE).read_text() == "[case] started\n[case] point 1 sent\n"
+
+
+def test_a_docker_round_the_stop_killed_keeps_its_ended_marker_when_its_log_cannot_be_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Ctrl-C kills a round's container and its end is seen, but its case.log cannot be written (a full disk, the
+    host's link closed): a warning, and the end is still recorded (CaseStopped, the controller's ended marker);
+    the write's error used to take CaseStopped's place and lose the marker."""
+    from flagperf.hosts.threads import CaseStopped
+    from flagperf.results.schema import CASE_LOG_FILE
+
+    class FullDisk(LocalHost):
+        def write_text(self, path: Path, text: str, mode: int | None = None) -> None:
+            if path.name == CASE_LOG_FILE:
+                raise OSError(28, "No space left on device")
+            super().write_text(path, text, mode=mode)
+
+    host = FullDisk(name="a", work_root=tmp_path / "a")
+    with caplog.at_level(logging.WARNING, logger="flagperf.hosts.docker"):
+        outcome, host, stage = stopped_docker_round(tmp_path, monkeypatch, EngineContainer(), host)
+    assert isinstance(outcome, CaseStopped) and outcome.exit_code == -9, outcome
+    marker = host.ended_marker(stage / "attempt1")
+    assert marker is not None and marker.is_file()
+    assert not (stage / "attempt1" / CASE_LOG_FILE).exists()
+    assert any("could not be kept" in r.getMessage() and "No space left" in r.getMessage() for r in caplog.records)
 
 
 def test_a_docker_round_the_stop_killed_with_its_link_dropped_keeps_no_ended_marker(
