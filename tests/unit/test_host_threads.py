@@ -519,6 +519,31 @@ def test_a_docker_round_the_stop_killed_keeps_its_ended_marker_when_its_log_cann
     assert any("could not be kept" in r.getMessage() and "No space left" in r.getMessage() for r in caplog.records)
 
 
+def test_a_docker_round_the_stop_killed_keeps_its_ended_marker_when_its_log_is_gone_from_the_engine(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C kills a round's container and its end is seen, but the engine no longer has its log (NotFound: the
+    run's clean-up removed it meanwhile): what the live stream got, with why, is its case.log, and the end is still
+    recorded (CaseStopped, the controller's ended marker); the engine's error used to take CaseStopped's place."""
+    import docker
+
+    from flagperf.hosts.threads import CaseStopped
+    from flagperf.results.schema import CASE_LOG_FILE
+
+    class LogGone(EngineContainer):
+        def logs(self, stream: bool = False, **options: object) -> object:
+            if stream:
+                return super().logs(stream=True, **options)
+            raise docker.errors.NotFound("No such container: flagperf-case")
+
+    outcome, host, stage = stopped_docker_round(tmp_path, monkeypatch, LogGone())
+    assert isinstance(outcome, CaseStopped) and outcome.exit_code == -9, outcome
+    marker = host.ended_marker(stage / "attempt1")
+    assert marker is not None and marker.is_file()
+    log = (stage / "attempt1" / CASE_LOG_FILE).read_text().splitlines()
+    assert log[:2] == ["[case] started", "[case] point 1 sent"]
+    assert log[2].startswith("[flagperf] its log could not be read from a's engine: NotFound"), log
+
+
 def test_a_docker_round_the_stop_killed_with_its_link_dropped_keeps_no_ended_marker(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C while a container runs, and its wait's link drops as the watcher kills it: the engine, reached again,
