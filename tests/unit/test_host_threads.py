@@ -61,14 +61,34 @@ def no_prefect_server() -> Iterator[None]:
         with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{server.server_address[1]}/api",
                                  PREFECT_CLIENT_SERVER_VERSION_CHECK_ENABLED: False,
                                  PREFECT_LOGGING_TO_API_ENABLED: False}):
+            previous = EventsWorker._client_override  # another test's (a fixture's) override: given back after
             EventsWorker.set_client_override(NullEventsClient)  # the states' events: dropped, no websocket tried
             try:
                 yield
             finally:
-                EventsWorker.set_client_override(None)
+                if previous is None:
+                    EventsWorker.set_client_override(None)
+                else:
+                    EventsWorker.set_client_override(previous[0], **dict(previous[1]))
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_no_prefect_server_gives_back_the_events_client_override_it_found() -> None:
+    """An override set before (a fixture's events client) is the one in place after, not none."""
+    from prefect.events.clients import AssertingEventsClient
+    from prefect.events.worker import EventsWorker
+
+    before = EventsWorker._client_override
+    EventsWorker.set_client_override(AssertingEventsClient, checkpoint_every=3)
+    try:
+        with no_prefect_server():
+            assert EventsWorker._client_override is not None
+            assert EventsWorker._client_override[0] is not AssertingEventsClient
+        assert EventsWorker._client_override == (AssertingEventsClient, (("checkpoint_every", 3),))
+    finally:
+        EventsWorker._client_override = before
 
 
 def wait_until(condition: object, what: str) -> None:
