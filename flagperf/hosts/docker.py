@@ -442,7 +442,11 @@ class DockerRuntime(Runtime):
             result, lines = self._run(host, argv, name, {f"{LABEL}.job": str(job_dir)}, timeout_s, on_line,
                                       pid_file=pid_file, scratch=True, data=True)
         except CaseStopped as stopped:  # killed at the stop: its log is kept as any ended round's
-            host.write_text(job_dir / CASE_LOG_FILE, "\n".join(stopped.lines) + ("\n" if stopped.lines else ""))
+            try:
+                host.write_text(job_dir / CASE_LOG_FILE, "\n".join(stopped.lines) + ("\n" if stopped.lines else ""))
+            except Exception as exc:  # a full disk, a closed link: its end was still seen (the controller's marker)
+                logger.warning("the log of container %s, stopped, could not be kept on %s: %s", name, host.name,
+                               _one_line(exc))
             raise
         host.write_text(job_dir / CASE_LOG_FILE, "\n".join(lines) + ("\n" if lines else ""))
         return result
@@ -519,6 +523,7 @@ class DockerRuntime(Runtime):
             try:
                 container, exit_code, timed_out, link = self._wait(host, container, started + timeout_s)
             except CaseStopped as stopped:  # killed at the stop, its end seen: what it printed is still its log
+                streamer.join(timeout=5)  # its last lines: what stands where the engine cannot give the log
                 stopped.lines = _container_log(host, container, stopped.exit_code, streamed)
                 raise
             streamer.join(timeout=5)
@@ -767,12 +772,14 @@ def _one_line(exc: object) -> str:
 
 def _container_log(host: Host, container: Any, exit_code: int | None, streamed: collections.deque[str]) -> list[str]:
     """The ended container's own log, from the host's engine (the live stream may have dropped with the link); what
-    the stream got, and why, where the engine cannot give it."""
+    the stream got, and why, where the engine cannot give it (its link dropped, or its answer was an error: the
+    container removed meanwhile, NotFound)."""
+    docker = require_docker()
     try:
         lines: list[str] = container.logs(stdout=True, stderr=True).decode("utf-8", "replace").splitlines()
         if exit_code != 0 and _oom_killed(container):
             lines.append(OOM_LINE)
-    except link_errors() as exc:  # its exit code stands; what it printed, as far as the stream got
+    except (docker.errors.APIError, *link_errors()) as exc:  # its exit code stands; its log, as the stream got it
         lines = [*streamed, f"[flagperf] its log could not be read from {host.name}'s engine: {_one_line(exc)}"]
     return lines
 

@@ -31,6 +31,10 @@ class CaseStopped(RoundsStopped):
         self.exit_code = exit_code
         self.lines = list(lines or [])
 
+    def __reduce__(self) -> tuple[type[CaseStopped], tuple[str, int, list[str]]]:
+        # args holds only the message: pickle (Prefect's result and state storage) and deepcopy call the class again
+        return type(self), (str(self), self.exit_code, self.lines)
+
 
 class HostThreads:
     def __init__(self) -> None:

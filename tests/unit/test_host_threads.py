@@ -61,14 +61,34 @@ def no_prefect_server() -> Iterator[None]:
         with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{server.server_address[1]}/api",
                                  PREFECT_CLIENT_SERVER_VERSION_CHECK_ENABLED: False,
                                  PREFECT_LOGGING_TO_API_ENABLED: False}):
+            previous = EventsWorker._client_override  # another test's (a fixture's) override: given back after
             EventsWorker.set_client_override(NullEventsClient)  # the states' events: dropped, no websocket tried
             try:
                 yield
             finally:
-                EventsWorker.set_client_override(None)
+                if previous is None:
+                    EventsWorker.set_client_override(None)
+                else:
+                    EventsWorker.set_client_override(previous[0], **dict(previous[1]))
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_no_prefect_server_gives_back_the_events_client_override_it_found() -> None:
+    """An override set before (a fixture's events client) is the one in place after, not none."""
+    from prefect.events.clients import AssertingEventsClient
+    from prefect.events.worker import EventsWorker
+
+    before = EventsWorker._client_override
+    EventsWorker.set_client_override(AssertingEventsClient, checkpoint_every=3)
+    try:
+        with no_prefect_server():
+            assert EventsWorker._client_override is not None
+            assert EventsWorker._client_override[0] is not AssertingEventsClient
+        assert EventsWorker._client_override == (AssertingEventsClient, (("checkpoint_every", 3),))
+    finally:
+        EventsWorker._client_override = before
 
 
 def wait_until(condition: object, what: str) -> None:
@@ -434,24 +454,19 @@ def test_a_docker_rounds_stop_tries_the_kill_again_until_the_container_ends(tmp_
     assert container.killed.is_set() and container.kills == 3
 
 
-def test_a_docker_round_the_stop_killed_keeps_its_log_and_the_controllers_ended_marker(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ctrl-C while a local engine's container runs a round: the watcher kills it and its runtime sees it end
-    (status 137). That end is recorded as any seen end is: the controller's ended marker (a serving attempt's record
-    of prompt positions is final, so `flagperf run --retry` does not pass over prompts it never sent) and the
-    attempt's case.log (what it printed). Both were lost when the stop's RoundsStopped threw the exit code away."""
-    import json
+def stopped_docker_round(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: EngineContainer,
+                         host: LocalHost | None = None) -> tuple[BaseException | object, LocalHost, Path]:
+    """A computation round run through tasks.container._run_case on a local engine's ``engine`` (on ``host``, else
+    local host "a"), in a host's thread that is stopped once the container's wait starts: (what _run_case ended
+    with, the host, the round's stage folder)."""
     from contextvars import copy_context
 
     from flagperf.config.job import Job
     from flagperf.config.plan import plan_run
-    from flagperf.hosts.threads import CaseStopped
-    from flagperf.results.schema import CASE_LOG_FILE
     from tasks import container as container_module
 
     monkeypatch.setattr(container_module, "get_run_logger", lambda: logging.getLogger("test"))  # no task run around
-    host = LocalHost(name="a", work_root=tmp_path / "a")
-    engine = EngineContainer()
+    host = host or LocalHost(name="a", work_root=tmp_path / "a")
     runtime = docker_runtime(host.work_root, engine)
     plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
     case = plan.cases[0]
@@ -476,11 +491,114 @@ def test_a_docker_round_the_stop_killed_keeps_its_log_and_the_controllers_ended_
     wait_until(engine.waiting.is_set, "the container's wait starts")
     threads.stop()
     waiter.join(DEADLINE_S)
-    assert outcome and isinstance(outcome[0], CaseStopped) and outcome[0].exit_code == -9, outcome
+    assert outcome, "the round did not end"
+    return outcome[0], host, stage
+
+
+def test_a_docker_round_the_stop_killed_keeps_its_log_and_the_controllers_ended_marker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while a local engine's container runs a round: the watcher kills it and its runtime sees it end
+    (status 137). That end is recorded as any seen end is: the controller's ended marker (a serving attempt's record
+    of prompt positions is final, so `flagperf run --retry` does not pass over prompts it never sent) and the
+    attempt's case.log (what it printed). Both were lost when the stop's RoundsStopped threw the exit code away."""
+    import json
+
+    from flagperf.hosts.threads import CaseStopped
+    from flagperf.results.schema import CASE_LOG_FILE
+
+    engine = EngineContainer()
+    outcome, host, stage = stopped_docker_round(tmp_path, monkeypatch, engine)
+    assert isinstance(outcome, CaseStopped) and outcome.exit_code == -9, outcome
     assert engine.killed.is_set() and engine.removed.is_set()
     marker = host.ended_marker(stage / "attempt1")
     assert marker is not None and json.loads(marker.read_text()) == {"exit_code": -9}
     assert (stage / "attempt1" / CASE_LOG_FILE).read_text() == "[case] started\n[case] point 1 sent\n"
+
+
+def test_a_docker_round_the_stop_killed_keeps_its_ended_marker_when_its_log_cannot_be_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Ctrl-C kills a round's container and its end is seen, but its case.log cannot be written (a full disk, the
+    host's link closed): a warning, and the end is still recorded (CaseStopped, the controller's ended marker);
+    the write's error used to take CaseStopped's place and lose the marker."""
+    from flagperf.hosts.threads import CaseStopped
+    from flagperf.results.schema import CASE_LOG_FILE
+
+    class FullDisk(LocalHost):
+        def write_text(self, path: Path, text: str, mode: int | None = None) -> None:
+            if path.name == CASE_LOG_FILE:
+                raise OSError(28, "No space left on device")
+            super().write_text(path, text, mode=mode)
+
+    host = FullDisk(name="a", work_root=tmp_path / "a")
+    with caplog.at_level(logging.WARNING, logger="flagperf.hosts.docker"):
+        outcome, host, stage = stopped_docker_round(tmp_path, monkeypatch, EngineContainer(), host)
+    assert isinstance(outcome, CaseStopped) and outcome.exit_code == -9, outcome
+    marker = host.ended_marker(stage / "attempt1")
+    assert marker is not None and marker.is_file()
+    assert not (stage / "attempt1" / CASE_LOG_FILE).exists()
+    assert any("could not be kept" in r.getMessage() and "No space left" in r.getMessage() for r in caplog.records)
+
+
+def test_a_docker_round_the_stop_killed_keeps_its_ended_marker_when_its_log_is_gone_from_the_engine(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C kills a round's container and its end is seen, but the engine no longer has its log (NotFound: the
+    run's clean-up removed it meanwhile): what the live stream got, with why, is its case.log, and the end is still
+    recorded (CaseStopped, the controller's ended marker); the engine's error used to take CaseStopped's place."""
+    import docker
+
+    from flagperf.hosts.threads import CaseStopped
+    from flagperf.results.schema import CASE_LOG_FILE
+
+    class LogGone(EngineContainer):
+        def logs(self, stream: bool = False, **options: object) -> object:
+            if stream:
+                return super().logs(stream=True, **options)
+            raise docker.errors.NotFound("No such container: flagperf-case")
+
+    outcome, host, stage = stopped_docker_round(tmp_path, monkeypatch, LogGone())
+    assert isinstance(outcome, CaseStopped) and outcome.exit_code == -9, outcome
+    marker = host.ended_marker(stage / "attempt1")
+    assert marker is not None and marker.is_file()
+    log = (stage / "attempt1" / CASE_LOG_FILE).read_text().splitlines()
+    assert log[:2] == ["[case] started", "[case] point 1 sent"]
+    assert log[2].startswith("[flagperf] its log could not be read from a's engine: NotFound"), log
+
+
+def test_a_docker_round_the_stop_killed_with_its_link_dropped_keeps_no_ended_marker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while a container runs, and its wait's link drops as the watcher kills it: the engine, reached again,
+    says the container has ended, but a wait that lost its link is no seen end (the link's word stands, as
+    outside a stop). A plain RoundsStopped: no controller's ended marker, so the attempt's record of prompt
+    positions stays held at its bound."""
+    import requests
+
+    from flagperf.hosts.threads import CaseStopped
+
+    class DroppedWait(EngineContainer):
+        def wait(self, timeout: float) -> dict[str, int]:
+            super().wait(timeout)  # until the watcher's kill
+            raise requests.exceptions.ConnectionError("connection reset by peer")  # its answer lost on the way
+
+    engine = DroppedWait()
+    outcome, host, stage = stopped_docker_round(tmp_path, monkeypatch, engine)
+    assert isinstance(outcome, RoundsStopped) and not isinstance(outcome, CaseStopped), outcome
+    assert engine.killed.is_set() and engine.removed.is_set()
+    marker = host.ended_marker(stage / "attempt1")
+    assert marker is not None and not marker.exists()
+
+
+def test_a_case_stopped_survives_pickling_and_deep_copy() -> None:
+    """CaseStopped crosses Prefect's state storage (pickled) and deep copies with its exit code and log lines: its
+    args hold only the message, so the default reduce called it without them (TypeError)."""
+    import copy
+    import pickle
+
+    from flagperf.hosts.threads import CaseStopped
+
+    stopped = CaseStopped("the run is stopping", -9, ["[case] started"])
+    for again in (pickle.loads(pickle.dumps(stopped)), copy.deepcopy(stopped)):
+        assert type(again) is CaseStopped and str(again) == "the run is stopping"
+        assert again.exit_code == -9 and again.lines == ["[case] started"]
 
 
 def test_a_docker_rounds_wait_outside_a_stop_is_the_containers_own(tmp_path: Path) -> None:
