@@ -179,8 +179,12 @@ def finished(server: Server, flow_run_id: str) -> dict | None:
 def browser_page(shots: Path, **context_options: Any) -> Iterator[tuple[Any, Any]]:
     """Chromium with one page (and its context) for a test; a screenshot of the page where the test failed, in
     ``shots``, and the browser closed either way."""
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    # expect()'s own wait is 5 s by default, apart from the page's: on a loaded machine the UI takes longer to
+    # show what it will show, and a verdict must not depend on load (the deadline is generous, the wait ends when
+    # the element is there)
+    expect.set_options(timeout=120_000)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
