@@ -192,6 +192,7 @@ def test_a_runs_own_files_are_sandboxed_and_run_no_script(site: tuple[SiteServer
         try:
             context = browser.new_context(http_credentials={"username": "lab", "password": AUTH.split(":", 1)[1]})
             tab = context.new_page()
+            tab.set_default_timeout(120_000)  # Playwright's 30 s is a load-dependent verdict; the waits end when done
             tab.goto(f"http://127.0.0.1:{server.port}/runs/{RUN}/report.html")
             tab.wait_for_function("document.getElementById('plot').complete")
             assert tab.evaluate("document.getElementById('plot').naturalWidth") > 0  # its plots still show
