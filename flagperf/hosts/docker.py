@@ -37,7 +37,6 @@ from flagperf.hosts.container_policy import (
     PolicyError,
     SearchMounts,
     device_host_path,
-    mount_target_problem,
     parse_container_options,
     parse_data_mount,
     resolved_device,
@@ -45,7 +44,7 @@ from flagperf.hosts.container_policy import (
     search_mounts,
     work_root_source_problem,
 )
-from flagperf.hosts.inventory import HostSpec, resolve_values, spec_origin
+from flagperf.hosts.inventory import HostSpec, check_mount_places, resolve_values, spec_origin
 from flagperf.hosts.local import CommandResult, Host, LineSink
 from flagperf.hosts.probe import probe_command
 from flagperf.hosts.runtime import Runtime
@@ -365,23 +364,7 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str, project_root:
             raise ConfigError(source, f"{prefix}docker.data_mounts.{i}", str(exc)) from None
     project = str(project_root or spec.project_root or PROJECT_ROOT)
     work = work_root or spec.work_root
-    for i, mount in enumerate(data_mounts):
-        problem = mount_target_problem(mount.target, project, None if work is None else str(work))
-        if problem:
-            raise ConfigError(source, f"{prefix}docker.data_mounts.{i}",
-                              f"data mount {mount.target!r} is refused: it is {problem}")
-    for mount in extras.mounts:
-        problem = mount_target_problem(mount.target, project, None if work is None else str(work))
-        if problem:
-            raise ConfigError(source, f"{prefix}docker.extra_options",
-                              f"-v container path {mount.target!r} is refused: it is {problem}")
-    # Its source too, where it is written: the work root, above it or in it, read-write (the ended markers)
-    for key, what, mount in (*((f"docker.data_mounts.{i}", "data mount", m) for i, m in enumerate(data_mounts)),
-                             *(("docker.extra_options", "-v host path", m) for m in extras.mounts)):
-        problem = None if mount.read_only else work_root_source_problem(mount.source, None if work is None
-                                                                         else str(work))
-        if problem:
-            raise ConfigError(source, f"{prefix}{key}", f"{what} {mount.source!r} is refused read-write: {problem}")
+    check_mount_places(spec, data_mounts, extras.mounts, project, None if work is None else str(work))
     given = spec.runtime_env()
     given.update(resolve_values(extras.env, spec.name, "docker.extra_options"))
     try:

@@ -1144,8 +1144,8 @@ def test_a_mount_over_the_scratch_the_cache_or_the_env_file_is_refused(tmp_path:
     written = {"work_root": "/data/work"} if work_root is None else {}  # else the host's default: the entry names none
     path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker", **written,
                                                "docker": docker}]}))
-    spec = load_inventory(path).hosts[0]
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(ConfigError) as info:  # a work_root the entry writes: already when the inventory is read
+        spec = load_inventory(path).hosts[0]
         container_settings(load_vendor("cpu"), spec, "img:1", work_root=Path(work_root) if work_root else None)
     assert info.value.key == key and words in info.value.message and "\n" not in str(info.value), str(info.value)
     assert str(info.value).startswith(f"{path}: {key}: "), str(info.value)
