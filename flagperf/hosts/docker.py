@@ -287,10 +287,13 @@ class ContainerSettings:
     work_root: str | None = None
 
     def host_paths(self) -> list[str]:
-        """The host paths the container policy checks on the host: mount sources, data roots, devices."""
+        """The host paths the container policy checks on the host: mount sources, data roots, devices; the work
+        root only where a mount is read-write (the only ones it is checked against), so that it is not looked up on
+        the host for nothing."""
+        writable = any(not m.read_only for m in (*self.data_mounts, *self.extra_mounts))
         return sorted({*(m.source for m in (*self.data_mounts, *self.extra_mounts)), *self.data_roots,
                        *(device_host_path(d) for d in self.devices), *self.search.host_paths(),
-                       *([self.work_root] if self.work_root is not None else [])})
+                       *([self.work_root] if self.work_root is not None and writable else [])})
 
     def scan_paths(self) -> list[str]:
         """Of host_paths(), the folders whose links the container policy checks too (a search path mount's, the
