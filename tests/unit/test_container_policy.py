@@ -1125,7 +1125,8 @@ def test_a_mount_over_the_project_or_the_search_folders_is_refused(tmp_path: Pat
     # markers (<work root>/.ended) though its target lies elsewhere
     ({"data_mounts": ["/data:rw"]}, None, "hosts.0.docker.data_mounts.0",
      "data mount '/data' is refused read-write: it is a folder above the host's work root (/data/work), where the "
-     "controller keeps its own records of which attempts ended (.ended): mount it read-only"),
+     "controller keeps its own records of which attempts ended (.ended): mount it read-only, or set work_root outside "
+     "it"),
     ({"extra_options": "-v /data:/all:rw"}, None, "hosts.0.docker.extra_options",
      "-v host path '/data' is refused read-write: it is a folder above the host's work root (/data/work)"),
     ({"extra_options": "-v /data/work:/w:rw"}, None, "hosts.0.docker.extra_options",

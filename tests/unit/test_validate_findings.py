@@ -169,7 +169,7 @@ hosts:
     assert errors("validate", str(inventory)) == [
         f"error {inventory}: hosts.1.docker.data_mounts.1: data mount '/data' is refused read-write: it is a folder "
         "above the host's work root (/data/work), where the controller keeps its own records of which attempts "
-        "ended (.ended): mount it read-only"]
+        "ended (.ended): mount it read-only, or set work_root outside it"]
     inventory.write_text(inventory.read_text(encoding="utf-8").replace("/data:rw", "/data:ro"), encoding="utf-8")
     result = runner.invoke(app, ["validate", str(inventory)])
     assert result.exit_code == 0, result.output
