@@ -270,7 +270,7 @@ def work_root_source_problem(source: str, work_root: str | None) -> str | None:
     else:
         return None
     return (f"it is {where} ({root}), where the controller keeps its own records of which attempts ended "
-            "(.ended): mount it read-only")
+            "(.ended): mount it read-only, or set work_root outside it")
 
 
 def _normalised(path: str) -> str:

@@ -37,7 +37,6 @@ from flagperf.hosts.container_policy import (
     PolicyError,
     SearchMounts,
     device_host_path,
-    mount_target_problem,
     parse_container_options,
     parse_data_mount,
     resolved_device,
@@ -45,7 +44,7 @@ from flagperf.hosts.container_policy import (
     search_mounts,
     work_root_source_problem,
 )
-from flagperf.hosts.inventory import HostSpec, resolve_values, spec_origin
+from flagperf.hosts.inventory import HostSpec, check_mount_places, resolve_values, spec_origin
 from flagperf.hosts.local import CommandResult, Host, LineSink
 from flagperf.hosts.probe import probe_command
 from flagperf.hosts.runtime import Runtime
@@ -288,10 +287,13 @@ class ContainerSettings:
     work_root: str | None = None
 
     def host_paths(self) -> list[str]:
-        """The host paths the container policy checks on the host: mount sources, data roots, devices."""
+        """The host paths the container policy checks on the host: mount sources, data roots, devices; the work
+        root only where a mount is read-write (the only ones it is checked against), so that it is not looked up on
+        the host for nothing."""
+        writable = any(not m.read_only for m in (*self.data_mounts, *self.extra_mounts))
         return sorted({*(m.source for m in (*self.data_mounts, *self.extra_mounts)), *self.data_roots,
                        *(device_host_path(d) for d in self.devices), *self.search.host_paths(),
-                       *([self.work_root] if self.work_root is not None else [])})
+                       *([self.work_root] if self.work_root is not None and writable else [])})
 
     def scan_paths(self) -> list[str]:
         """Of host_paths(), the folders whose links the container policy checks too (a search path mount's, the
@@ -365,23 +367,7 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str, project_root:
             raise ConfigError(source, f"{prefix}docker.data_mounts.{i}", str(exc)) from None
     project = str(project_root or spec.project_root or PROJECT_ROOT)
     work = work_root or spec.work_root
-    for i, mount in enumerate(data_mounts):
-        problem = mount_target_problem(mount.target, project, None if work is None else str(work))
-        if problem:
-            raise ConfigError(source, f"{prefix}docker.data_mounts.{i}",
-                              f"data mount {mount.target!r} is refused: it is {problem}")
-    for mount in extras.mounts:
-        problem = mount_target_problem(mount.target, project, None if work is None else str(work))
-        if problem:
-            raise ConfigError(source, f"{prefix}docker.extra_options",
-                              f"-v container path {mount.target!r} is refused: it is {problem}")
-    # Its source too, where it is written: the work root, above it or in it, read-write (the ended markers)
-    for key, what, mount in (*((f"docker.data_mounts.{i}", "data mount", m) for i, m in enumerate(data_mounts)),
-                             *(("docker.extra_options", "-v host path", m) for m in extras.mounts)):
-        problem = None if mount.read_only else work_root_source_problem(mount.source, None if work is None
-                                                                         else str(work))
-        if problem:
-            raise ConfigError(source, f"{prefix}{key}", f"{what} {mount.source!r} is refused read-write: {problem}")
+    check_mount_places(spec, data_mounts, extras.mounts, project, None if work is None else str(work))
     given = spec.runtime_env()
     given.update(resolve_values(extras.env, spec.name, "docker.extra_options"))
     try:

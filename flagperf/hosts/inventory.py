@@ -16,6 +16,7 @@ import getpass
 import ipaddress
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any, Literal
@@ -44,6 +45,7 @@ from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import ConfigError, FlagperfError, gathered, unknown_name
 from flagperf.hosts.container_policy import (
     ENV_NAME,
+    Mount,
     PolicyError,
     allowed_roots,
     check_data_roots,
@@ -52,6 +54,7 @@ from flagperf.hosts.container_policy import (
     mount_target_problem,
     parse_container_options,
     parse_data_mount,
+    work_root_source_problem,
 )
 from flagperf.hosts.slurm_spec import PATH_REFUSED, SlurmSpec, slurm_entry_problem, slurm_slots
 from flagperf.paths import PROJECT_ROOT, VENDOR_MANIFEST, display_path
@@ -489,6 +492,30 @@ def check_container_policy(spec: HostSpec, vendor: Vendor) -> None:
             raise ConfigError(display_path(vendor.folder / "vendor.yaml"), f"container.devices.{i}", str(exc)) from None
 
 
+def check_mount_places(spec: HostSpec, data_mounts: Sequence[Mount], volumes: Sequence[Mount], project: str,
+                       work: str | None) -> None:
+    """A docker host's data mounts and -v mounts (``volumes``) against what FlagPerf mounts itself
+    (mount_target_problem) and, read-write, against the host's work root ``work`` (work_root_source_problem: the
+    controller's ended markers): ConfigError naming the file and key."""
+    source, prefix = spec_origin(spec)
+    for i, mount in enumerate(data_mounts):
+        problem = mount_target_problem(mount.target, project, work)
+        if problem:
+            raise ConfigError(source, f"{prefix}docker.data_mounts.{i}",
+                              f"data mount {mount.target!r} is refused: it is {problem}")
+    for mount in volumes:
+        problem = mount_target_problem(mount.target, project, work)
+        if problem:
+            raise ConfigError(source, f"{prefix}docker.extra_options",
+                              f"-v container path {mount.target!r} is refused: it is {problem}")
+    # Its source too, where it is written: the work root, above it or in it, read-write (the ended markers)
+    for key, what, mount in (*((f"docker.data_mounts.{i}", "data mount", m) for i, m in enumerate(data_mounts)),
+                             *(("docker.extra_options", "-v host path", m) for m in volumes)):
+        problem = None if mount.read_only else work_root_source_problem(mount.source, work)
+        if problem:
+            raise ConfigError(source, f"{prefix}{key}", f"{what} {mount.source!r} is refused read-write: {problem}")
+
+
 def split_address(value: str) -> tuple[str, int | None]:
     """A host's address as (host, port): a host name, an IPv4 or IPv6 address (bare or in brackets), each
     with an optional :port (an IPv6 address in brackets then). ValueError names what is wrong, so that a
@@ -631,6 +658,14 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
                     raise ConfigError(source, f"hosts.{i}.{exc.key}", exc.message) from None
         _LOADED[spec.model_dump_json()] = spec
         _ORIGINS[spec.model_dump_json()] = (source, f"hosts.{i}.")
+        if spec.runtime == "docker" and spec.work_root is not None:
+            # Where its mounts go and what they may write, as container_settings checks them, so that `flagperf
+            # validate` and a run's start refuse them, not a round once the image is built (a work root the entry
+            # does not write is the host's own default: known only there). The options' form was checked above.
+            roots = spec.docker.allowed_roots()
+            check_mount_places(spec, [parse_data_mount(entry, roots) for entry in spec.docker.data_mounts],
+                               parse_container_options(spec.docker.extra_options or "", roots).mounts,
+                               str(spec.project_root or PROJECT_ROOT), str(spec.work_root))
     if parsed.vendor is not None:  # also where the file is only validated (flagperf validate)
         check_spec_settings_keys(hosts, parsed.vendor)
     return Inventory(hosts=hosts, source=source, vendor=parsed.vendor, master_port=parsed.master_port,

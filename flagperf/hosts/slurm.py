@@ -465,15 +465,17 @@ class DeferredProcess:
     log: Path
 
 
-_SAID_NO_MARKERS: set[str] = set()  # hosts whose lack of a marker folder was said (once per host and process)
+# (host, run id) whose lack of a marker folder was said: once per host and run, not per process (the team server's
+# worker runs many runs, and each run's log must say it); run None: asked outside a run's folder
+_SAID_NO_MARKERS: set[tuple[str, str | None]] = set()
 _SAID_LOCK = threading.Lock()
 
 
-def _no_markers(host: str, why: str) -> None:
+def _no_markers(host: str, run: str | None, why: str) -> None:
     with _SAID_LOCK:
-        if host in _SAID_NO_MARKERS:
+        if (host, run) in _SAID_NO_MARKERS:
             return
-        _SAID_NO_MARKERS.add(host)
+        _SAID_NO_MARKERS.add((host, run))
     logger.warning("host %s: the controller keeps no record of which attempts ended there: %s; meanwhile every "
                    "attempt there counts as not seen to end (later rounds at an endpoint start after its bound, not "
                    "after what it took)", host, why)
@@ -503,8 +505,20 @@ class SlurmHost(LocalHost):
         """The shared folder is mounted whole into a container image's jobs (and written by the nodes): the
         controller's markers of attempts seen to end are kept in its own state folder instead (XDG_STATE_HOME, else
         ~/.local/state), one per shared folder; None (no marker: every attempt counts as not seen to end) where
-        that lies in the shared folder or a container mount, or no home folder can be found; said once per host in
-        a warning naming the folder and what to set."""
+        that lies in the shared folder or a container mount, or no home folder can be found; said once per host and
+        run (ended_path) in a warning naming the folder and what to set."""
+        return self._ended_root(None)
+
+    def ended_path(self, folder: Path) -> Path | None:
+        """As LocalHost's, the run being the first part of ``folder`` in the shared folder (<shared_dir>/<run id>/...),
+        so that a missing marker folder is said in each run's log."""
+        if not folder.is_relative_to(self.work_root) or folder == self.work_root:
+            return None
+        below = folder.relative_to(self.work_root)
+        root = self._ended_root(below.parts[0])
+        return None if root is None else root / below
+
+    def _ended_root(self, run: str | None) -> Path | None:
         given = os.environ.get("XDG_STATE_HOME", "")
         digest = hashlib.sha256(str(self.work_root).encode()).hexdigest()[:16]
         source, prefix = spec_origin(self.spec)
@@ -517,12 +531,12 @@ class SlurmHost(LocalHost):
                          for i, m in enumerate(self.slurm.container_mounts))]
             inside = next((key for folder, key in mounted if root.is_relative_to(folder.resolve())), None)
         except (RuntimeError, OSError) as exc:  # no home folder to be found (no HOME, no passwd entry), a loop of links
-            _no_markers(self.name, f"its state folder cannot be found ({exc}): set XDG_STATE_HOME to an absolute "
-                                   "folder the jobs do not mount")
+            _no_markers(self.name, run, f"its state folder cannot be found ({exc}): set XDG_STATE_HOME to an "
+                                        "absolute folder the jobs do not mount")
             return None
         if inside is not None:
-            _no_markers(self.name, f"its state folder for them, {root}, lies in what the jobs can write ({source}: "
-                                   f"{inside}): set XDG_STATE_HOME to a folder outside it")
+            _no_markers(self.name, run, f"its state folder for them, {root}, lies in what the jobs can write "
+                                        f"({source}: {inside}): set XDG_STATE_HOME to a folder outside it")
             return None
         return root
 

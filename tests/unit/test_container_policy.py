@@ -1125,7 +1125,8 @@ def test_a_mount_over_the_project_or_the_search_folders_is_refused(tmp_path: Pat
     # markers (<work root>/.ended) though its target lies elsewhere
     ({"data_mounts": ["/data:rw"]}, None, "hosts.0.docker.data_mounts.0",
      "data mount '/data' is refused read-write: it is a folder above the host's work root (/data/work), where the "
-     "controller keeps its own records of which attempts ended (.ended): mount it read-only"),
+     "controller keeps its own records of which attempts ended (.ended): mount it read-only, or set work_root outside "
+     "it"),
     ({"extra_options": "-v /data:/all:rw"}, None, "hosts.0.docker.extra_options",
      "-v host path '/data' is refused read-write: it is a folder above the host's work root (/data/work)"),
     ({"extra_options": "-v /data/work:/w:rw"}, None, "hosts.0.docker.extra_options",
@@ -1144,8 +1145,8 @@ def test_a_mount_over_the_scratch_the_cache_or_the_env_file_is_refused(tmp_path:
     written = {"work_root": "/data/work"} if work_root is None else {}  # else the host's default: the entry names none
     path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker", **written,
                                                "docker": docker}]}))
-    spec = load_inventory(path).hosts[0]
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(ConfigError) as info:  # a work_root the entry writes: already when the inventory is read
+        spec = load_inventory(path).hosts[0]
         container_settings(load_vendor("cpu"), spec, "img:1", work_root=Path(work_root) if work_root else None)
     assert info.value.key == key and words in info.value.message and "\n" not in str(info.value), str(info.value)
     assert str(info.value).startswith(f"{path}: {key}: "), str(info.value)
@@ -1160,6 +1161,8 @@ def test_a_read_write_mount_that_resolves_onto_the_work_root_is_refused_on_the_h
                                                    "work_root": "/data/work",
                                                    "docker": {"data_mounts": [f"/data/link:{mode}"]}}]}))
         settings = container_settings(load_vendor("cpu"), load_inventory(path).hosts[0], "img:1")
+        # The work root is asked of the host only where a read-write mount is checked against it
+        assert ("/data/work" in settings.host_paths()) is refused
         facts = {**as_written(settings.host_paths()), "/data/link": PathFacts("/data", "folder")}
         if not refused:
             assert settings.resolved(facts).data_mounts[0].source == "/data"
@@ -1169,6 +1172,17 @@ def test_a_read_write_mount_that_resolves_onto_the_work_root_is_refused_on_the_h
         assert info.value.key == "docker.data_mounts.0" and str(info.value).startswith(
             "data mount '/data' (as resolved) is refused read-write: it is a folder above the host's work root "
             "(/data/work)"), str(info.value)
+
+
+def test_a_docker_host_without_read_write_mounts_is_not_asked_for_its_work_root(tmp_path: Path) -> None:
+    """The work root is checked against read-write mounts only: without one, host_paths() (what describe-paths asks
+    the host) does not name it."""
+    path = tmp_path / "inv.yaml"
+    for docker in ({}, {"data_mounts": ["/data/x"], "extra_options": "-v /data/y:/y"}):
+        path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
+                                                   "work_root": "/data/work", "docker": docker}]}))
+        settings = container_settings(load_vendor("cpu"), load_inventory(path).hosts[0], "img:1")
+        assert settings.work_root == "/data/work" and "/data/work" not in settings.host_paths()
 
 
 def test_a_step_the_host_cannot_look_at_is_refused_not_taken_for_no_link(tmp_path: Path) -> None:

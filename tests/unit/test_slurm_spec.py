@@ -151,11 +151,18 @@ def test_a_container_image_mounts_the_shared_folder_and_the_project(tmp_path: Pa
     assert marker is not None and marker.is_relative_to(tmp_path / "state")
     monkeypatch.setattr(slurm, "_SAID_NO_MARKERS", set())
     monkeypatch.setenv("XDG_STATE_HOME", str(shared / "state"))
-    assert host.ended_root is None and host.ended_marker(shared / "run" / "attempt1") is None
-    # Said once for the host, in one warning naming the folder, the key that mounts it and what to set
+    assert host.ended_marker(shared / "run" / "attempt1") is None
+    assert host.ended_path(shared / "run" / "c" / "round1") is None
+    # Said once for the host and run, in one warning naming the folder, the key that mounts it and what to set
     (said,) = [r.getMessage() for r in caplog.records if "keeps no record" in r.getMessage()]
     assert f"lies in what the jobs can write ({spec_origin(spec)[0]}: hosts.0.slurm.shared_dir)" in said, said
     assert str(shared / "state") in said and "set XDG_STATE_HOME" in said and "\n" not in said
+    # ... and again in the next run of the same process (the team server's worker runs one flow run after another):
+    # each run's log says it
+    caplog.clear()
+    assert host.ended_marker(shared / "run2" / "attempt1") is None and host.ended_marker(shared / "run2" / "a2") is None
+    assert [r.getMessage() for r in caplog.records if "keeps no record" in r.getMessage()] == [said]
+    assert host.ended_root is None
     monkeypatch.setattr(slurm, "_SAID_NO_MARKERS", set())
     caplog.clear()
     monkeypatch.setenv("XDG_STATE_HOME", "/data/state")  # in the container_mounts source /data

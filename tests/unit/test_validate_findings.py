@@ -156,6 +156,25 @@ endpoints:
     ]
 
 
+def test_a_read_write_mount_over_the_work_root_is_refused_by_validate_at_its_key(tmp_path: Path) -> None:
+    """The controller keeps its ended markers in <work_root>/.ended: a read-write data mount at or above the work
+    root is refused when the inventory is read (validate, a run's start), in one line at its key, not only once a
+    round has built its image; read-only it passes."""
+    inventory = write(tmp_path / "inv.yaml", """\
+vendor: cpu
+hosts:
+  - {name: a, runtime: docker}
+  - {name: b, runtime: docker, work_root: /data/work, docker: {data_mounts: ["/data/x", "/data:rw"]}}
+""")
+    assert errors("validate", str(inventory)) == [
+        f"error {inventory}: hosts.1.docker.data_mounts.1: data mount '/data' is refused read-write: it is a folder "
+        "above the host's work root (/data/work), where the controller keeps its own records of which attempts "
+        "ended (.ended): mount it read-only, or set work_root outside it"]
+    inventory.write_text(inventory.read_text(encoding="utf-8").replace("/data:rw", "/data:ro"), encoding="utf-8")
+    result = runner.invoke(app, ["validate", str(inventory)])
+    assert result.exit_code == 0, result.output
+
+
 def test_a_suite_that_misspells_cases_is_checked_as_a_suite(tmp_path: Path) -> None:
     """A suite is known by its other keys too (rounds, overrides ... or a key a typo away from one): its misspelt
     key is said with the key meant, not that the file is no kind of file."""
