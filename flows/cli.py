@@ -116,6 +116,16 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _fail_all(exc: FlagperfError, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    """Every finding an error carries, each its own line, then how many were left out (as validate says them): the
+    first alone hid the others, e.g. a --set typo said beside a broken engine.yaml that is put first."""
+    for finding in findings(exc):
+        _fail(str(finding))
+    if more := left_out_line(exc):
+        _fail(more)
+    return typer.Exit(code)
+
+
 def _prepare_prefect_environment(verbose: bool) -> None:
     """Before prefect is imported: it reads these once."""
     # A temporary server on a small machine takes 20-30 s to start; Prefect's default gives up sooner.
@@ -379,7 +389,7 @@ def run(
                     raise ConfigError("--run-id", None, _run_id_taken(run_id, results))
                 plan = plan.model_copy(update={"run_id": new_run_id()})  # a chosen name that another run chose too
     except FlagperfError as exc:
-        raise _fail(str(exc)) from None
+        raise _fail_all(exc) from None
     except KeyboardInterrupt as exc:  # Ctrl-C while the input is checked (the probe takes seconds): nothing started
         raise _fail("interrupted before anything started", _interrupt().exit_code(exc)) from None
     run_dir = plan.run_dir
@@ -404,7 +414,7 @@ def run(
         _release(run_dir, retry)
         remove_made(results, made)
         if isinstance(exc, FlagperfError):
-            raise _fail(str(exc)) from None
+            raise _fail_all(exc) from None
         if isinstance(exc, Exception):
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise _fail(f"the evaluation could not run: {type(exc).__name__}: {first}", EXIT_FAILED) from None
@@ -844,7 +854,7 @@ def nightly(
             night = check_night(suite=suite, vendor=vendor, rounds=rounds, overrides=set_ or [], inventory=inventory,
                                 results=results, history_url=history_url, baseline_runs=baseline_runs, sigma=sigma)
     except FlagperfError as exc:
-        raise _fail(str(exc)) from None
+        raise _fail_all(exc) from None
     except KeyboardInterrupt as exc:  # Ctrl-C while the input is checked (the probe takes seconds): nothing started
         raise _fail("interrupted before anything started", interrupt.exit_code(exc)) from None
     made: Path | None = None
@@ -856,7 +866,7 @@ def nightly(
         interrupt.disarm()  # before the header: a Ctrl-C as soon as it shows is noted, then raised in order
     except FlagperfError as exc:
         remove_made(results, made)
-        raise _fail(str(exc), EXIT_BAD_INPUT if isinstance(exc, ConfigError) else EXIT_FAILED) from None
+        raise _fail_all(exc, EXIT_BAD_INPUT if isinstance(exc, ConfigError) else EXIT_FAILED) from None
     except KeyboardInterrupt as exc:
         remove_made(results, made)
         raise _fail("interrupted before anything started", interrupt.exit_code(exc)) from None
