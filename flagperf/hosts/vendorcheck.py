@@ -92,6 +92,14 @@ from flagperf.config.vendors import (
 )
 from flagperf.config.yamlio import parse_yaml_text
 from flagperf.errors import ConfigError, FlagperfError, finding_key, findings, left_out_line, one_line, unknown_name
+from flagperf.hosts.buildsteps import (
+    BuildWrites,
+    Instruction,
+    as_glob,
+    dockerfile_instructions,
+    shell_lines,
+    shell_words,
+)
 from flagperf.hosts.container_policy import PathFacts, is_under, leaving_link_words, vendor_container_problems
 from flagperf.hosts.local import describe_paths
 from flagperf.hosts.vendorscaffold import TODO
@@ -370,56 +378,79 @@ def _check_dockerfile(dockerfile: Path, found: Findings) -> None:
     except ConfigError as exc:
         found.problem(where, exc.message)
         return
+    before = len(found.problems)  # this Dockerfile's own problems decide its ok line, not an earlier check's
     context = dockerfile.parent
-    if not re.search(r"^\s*FROM\s", text, re.M | re.I):
+    instructions = dockerfile_instructions(text)  # as Docker joins them: continuations, heredocs, RUN or run
+    if not any(step.keyword == "FROM" for step in instructions):
         found.problem(where, "no FROM line: the build has no base image (the vendor's PyTorch image)")
     scripts = sorted(p.name for p in context.glob("*install*.sh"))
-    if not re.search(r"^\s*RUN\s", text, re.M) and not scripts:
+    if not any(step.keyword == "RUN" for step in instructions) and not scripts:
         found.problem(where, "no install step (a RUN line, or FlagPerf's <framework>_install.sh beside it)")
-    for number, line in enumerate(text.splitlines(), start=1):
-        parts = line.split()
-        if parts[:1] in (["COPY"], ["ADD"]) and not any(p.startswith("--from") for p in parts):
-            for name in (p for p in parts[1:-1] if not p.startswith("--")):
+    for step in instructions:
+        parts = step.text.splitlines()[0].split() if step.text else []
+        if step.keyword in ("COPY", "ADD") and not any(p.startswith("--from") for p in parts):
+            for name in (p for p in parts[:-1] if not p.startswith("--") and not p.startswith("<<")):
                 if not (context / name).exists():
-                    found.problem(where, f"line {number}: copies {name}, which is not in {display_path(context)}")
+                    found.problem(where, f"line {step.line}: copies {name}, which is not in {display_path(context)}")
     for script in scripts:
         if script not in text:
             found.problem(where, f"{script} is beside the Dockerfile but the Dockerfile never uses it")
-    _check_packages_named(dockerfile, text, scripts, found)
-    if not any(where in p or p.startswith(f"{display_path(context)}/") for p in found.problems):
+    _check_packages_named(dockerfile, instructions, scripts, found)
+    if len(found.problems) == before:
         found.passed.append(f"image {where}" + (f" with {', '.join(scripts)}" if scripts else ""))
 
 
 # FlagPerf's guide keeps what <framework>_install.sh installs beyond the Dockerfile in packages/ beside it: a path
-# there named by the install script or a RUN line (packages/x.run, ./packages/wheels/), not one of a $VARIABLE.
+# there named by the install script or a RUN step (packages/x.run, ./packages/wheels/, packages/x-${VER}.whl).
 PACKAGES_FOLDER = "packages"
-PACKAGE_PATH = re.compile(rf"(?<![\w./$-])(?:\./)?({PACKAGES_FOLDER}/[^\s'\";|&<>()`$]*)")
+PACKAGE_PATH = re.compile(rf"(?<![\w./$-])(?:\./)?({PACKAGES_FOLDER}/[^\s'\";|&<>()`]*)")
 
 
-def _check_packages_named(dockerfile: Path, text: str, scripts: list[str], found: Findings) -> None:
-    """Each packages/ path the Dockerfile's RUN lines or its install scripts name is in the build context (the
+def _check_packages_named(dockerfile: Path, instructions: list[Instruction], scripts: list[str],
+                          found: Findings) -> None:
+    """Each packages/ path the Dockerfile's RUN steps or its install scripts name is in the build context (the
     Dockerfile's folder) and stays in it: the build would fail on the host, after the image's base was pulled. A
-    glob (packages/*.whl) needs one match. Links out of packages/ are the vendor folder's link scans' (whole)."""
+    glob (packages/*.whl, or a name with a $VARIABLE in it, read as *) needs one match. A path the build itself
+    writes (mkdir, wget -P, pip download -d, > ..., tar -C, cp's destination) is none of these, nor what lies under
+    it; where the build downloads anything, a path not found is a note (it may be one of the downloads). Links out
+    of packages/ are the vendor folder's link scans' (whole); a script that is a link is theirs too."""
     context = dockerfile.parent
-    sources = [(display_path(dockerfile), [line if re.match(r"\s*RUN\s", line) else "" for line in
-                                          text.splitlines()])]
+    shown = display_path(context)
+    sources = [(display_path(dockerfile), [(step.line, line) for step in instructions if step.keyword == "RUN"
+                                           for _, line in shell_lines(step.text)])]
     for script in scripts:
+        path = context / script
+        if path.is_symlink():  # read through a link, a file elsewhere would be quoted here
+            continue
         try:
-            sources.append((display_path(context / script), read_config_text(context / script,
-                                                                           what="an install script").splitlines()))
+            text = read_config_text(regular_file(context, script, display_path(path), None, shown),
+                                    what="an install script")
         except ConfigError as exc:
-            found.add_error(exc)
+            found.not_checkable.append(f"the packages/ paths {exc}")
+            continue
+        sources.append((display_path(path), shell_lines(text)))
+    writes = BuildWrites()  # the build as a whole: a step sees what an earlier one wrote
+    named: list[tuple[str, int, str]] = []
     for where, lines in sources:
-        for number, line in enumerate(lines, start=1):
-            for named in dict.fromkeys(PACKAGE_PATH.findall(line.split("#", 1)[0])):
-                path = named.rstrip("/")
-                real = os.path.realpath(context / path)
-                if not is_under(real, os.path.realpath(context)):
-                    found.problem(where, f"line {number}: names {named}, which leads out of {display_path(context)} "
-                                         "(the build sees only its own folder)")
-                elif not (any(context.glob(path)) if re.search(r"[*?\[]", path) else os.path.exists(context / path)):
-                    found.problem(where, f"line {number}: names {named}, which is not in {display_path(context)} "
-                                         f"(FlagPerf's {PACKAGES_FOLDER}/ goes beside the Dockerfile)")
+        for number, line in lines:
+            words = shell_words(line)
+            writes.read(words)
+            named += [(where, number, name) for word in words for name in PACKAGE_PATH.findall(word)]
+    for where, number, name in dict.fromkeys(named):
+        path = as_glob(name)
+        if path is None or writes.made(path):  # the shell decides it (${X:-y}, $(...)), or the build writes it
+            continue
+        if not is_under(os.path.realpath(context / path), os.path.realpath(context)):
+            found.problem(where, f"line {number}: names {name}, which leads out of {shown} (the build sees only its "
+                                 "own folder)")
+        elif not (any(context.glob(path)) if re.search(r"[*?\[]", path) else os.path.exists(context / path)):
+            if writes.downloads:
+                found.notes.append(f"{where}: line {number}: names {name}, which is not in {shown}: the build "
+                                   "downloads files (wget, curl, pip download), so it may be one of them; if not, "
+                                   f"FlagPerf's {PACKAGES_FOLDER}/ goes beside the Dockerfile")
+            else:
+                found.problem(where, f"line {number}: names {name}, which is not in {shown} (FlagPerf's "
+                                     f"{PACKAGES_FOLDER}/ goes beside the Dockerfile)")
 
 
 def _check_monitor(vendor: Vendor, name: str, command: list[str], seconds: float, found: Findings, *,

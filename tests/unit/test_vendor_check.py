@@ -270,3 +270,110 @@ def test_the_packages_an_install_step_names_and_the_scales_a_case_readme_names_a
         f"{display_path(readme)}: names {name}, which {display_path(adapted)} does not have ({stem}.yaml or .py): "
         f"{tail}" for name, stem in (("config_testvendorx1x8.py", "config_testvendorx1x8"),
                                      ("config_testvendorx2x8.yaml", "config_testvendorx2x8"))], found.problems
+
+
+def _image_findings(tmp_path: Path, dockerfile: str, script: str | None = None,
+                    files: tuple[str, ...] = ()) -> tuple[Findings, Path]:
+    """_check_image of the test vendor whose pytorch/ folder has this Dockerfile (and install.sh, and these files)."""
+    folder = tmp_path / "testvendor"
+    shutil.copytree(FIXTURE / "vendors" / "testvendor", folder)
+    context = folder / "pytorch"
+    (context / "Dockerfile").write_text(dockerfile)
+    if script is None:
+        (context / "install.sh").unlink()
+    else:
+        (context / "install.sh").write_text(script)
+    for name in files:
+        (context / name).parent.mkdir(parents=True, exist_ok=True)
+        (context / name).write_text("x\n")
+    found = Findings()
+    _check_image(Vendor(manifest=load_vendor_manifest(folder / MANIFEST), location=str(folder)), found)
+    return found, context
+
+
+def test_a_packages_path_the_build_writes_itself_is_not_missing(tmp_path: Path) -> None:
+    """FlagPerf's guide has install scripts fetch what they install into packages/: a path the build makes (mkdir,
+    a redirection, tar -C, cp's or mv's destination, pip download -d) was said to be missing from the folder. It is
+    not looked for now, nor anything under it; one the build does not write still is. Where the build downloads
+    anything, a path not found may be one of the downloads: a note, not a problem."""
+    script = ("#!/bin/sh\nmkdir -p packages/build\necho done > packages/build/x.log\n"
+              "tar -C packages/src -xzf /tmp/src.tgz && sh packages/src/acme/setup.sh\n"
+              "cp /tmp/driver.run packages/driver.run; sh packages/driver.run\n"
+              "mv /tmp/w packages/wheels && pip install packages/wheels/*.whl\n"
+              "sh packages/missing.run\n")
+    dockerfile = "FROM scratch\nCOPY install.sh /opt/\nRUN sh /opt/install.sh >packages/install.log\n"
+    found, context = _image_findings(tmp_path, dockerfile, script)
+    assert found.problems == [f"{display_path(context / 'install.sh')}: line 7: names packages/missing.run, which is "
+                              f"not in {display_path(context)} (FlagPerf's packages/ goes beside the Dockerfile)"], \
+        found.problems
+    downloading = ("#!/bin/sh\npip download -d /tmp/w acme-torch\ncd packages && wget https://example.com/acme.run\n"
+                   "sh packages/acme.run\nwget -P packages/dl/ https://example.com/b.run && sh packages/dl/b.run\n")
+    found, context = _image_findings(tmp_path / "2", dockerfile, downloading)
+    assert found.problems == [] and found.notes == [
+        f"{display_path(context / 'install.sh')}: line 4: names packages/acme.run, which is not in "
+        f"{display_path(context)}: the build downloads files (wget, curl, pip download), so it may be one of them; if "
+        "not, FlagPerf's packages/ goes beside the Dockerfile"], (found.problems, found.notes)
+
+
+def test_a_variable_in_a_packages_name_is_a_glob(tmp_path: Path) -> None:
+    """packages/acme_torch-${VER}-py3-none-any.whl was read as packages/acme_torch- (cut at the $) and said missing
+    though the wheel was there. Each $VAR or ${VAR} is now any text (a glob that needs one match); a name the shell
+    alone decides ($(...), ${VAR:-x}) is not judged."""
+    script = ("#!/bin/sh\npip install packages/acme_torch-${VER}-py3-none-any.whl \"packages/acme_$KIND.run\"\n"
+              "sh packages/acme-$(uname -m).run packages/x-${V:-1}.run\nsh packages/acme_driver-${VER}.run\n")
+    found, context = _image_findings(tmp_path, "FROM scratch\nCOPY install.sh /opt/\nRUN sh /opt/install.sh\n",
+                                     script, ("packages/acme_torch-1.0-py3-none-any.whl", "packages/acme_gpu.run"))
+    script_name = display_path(context / "install.sh")
+    assert found.problems == [f"{script_name}: line 4: names packages/acme_driver-${{VER}}.run, "
+                              f"which is not in {display_path(context)} (FlagPerf's packages/ goes beside the "
+                              "Dockerfile)"], found.problems
+
+
+def test_the_dockerfile_is_read_as_docker_joins_its_instructions(tmp_path: Path) -> None:
+    """Only a physical line starting with RUN was read: a continuation line, a heredoc's body and a lower-case run
+    were never looked at, and a # inside quotes cut the name. Each instruction is now read whole (continuations
+    joined, comment lines inside dropped, heredoc bodies with it), said at its first line."""
+    dockerfile = ("FROM scratch\nrun pip install \\\n  # the wheel\n    packages/missing-a.whl\n"
+                  "RUN pip install \"packages/has#hash.whl\"  # packages/comment.whl\n"
+                  "RUN <<EOF\npip install packages/missing-b.whl\nEOF\n")
+    found, context = _image_findings(tmp_path, dockerfile, None, ("packages/has#hash.whl",))
+    where, shown = display_path(context / "Dockerfile"), display_path(context)
+    assert found.problems == [f"{where}: line {number}: names packages/{name}, which is not in {shown} (FlagPerf's "
+                              "packages/ goes beside the Dockerfile)"
+                              for number, name in ((2, "missing-a.whl"), (6, "missing-b.whl"))], found.problems
+
+
+def test_an_install_script_is_read_only_as_a_regular_file_in_its_folder(tmp_path: Path) -> None:
+    """An install script that is a link out of the folder was read through it, pieces of the file there quoted; one
+    that is not text was a problem of the vendor folder. A link is left to the link scans now; a file that cannot
+    be read as text is not checkable here."""
+    outside = tmp_path / "elsewhere.sh"
+    outside.write_text("sh packages/secret-name.run\n")
+    _, context = _image_findings(tmp_path, "FROM scratch\nCOPY install.sh /opt/\nRUN sh /opt/install.sh\n",
+                                 "x\n")
+    (context / "install.sh").unlink()
+    (context / "install.sh").symlink_to(outside)
+    linked = Findings()
+    _check_image(Vendor(manifest=load_vendor_manifest(context.parent / MANIFEST), location=str(context.parent)),
+                 linked)
+    assert not any("secret-name" in line for line in linked.problems + linked.notes + linked.not_checkable), linked
+    (context / "install.sh").unlink()
+    (context / "install.sh").write_bytes(b"\xff\xfe packages/x\n")
+    binary = Findings()
+    _check_image(Vendor(manifest=load_vendor_manifest(context.parent / MANIFEST), location=str(context.parent)),
+                 binary)
+    assert binary.problems == [] and binary.not_checkable == [
+        f"the packages/ paths {display_path(context / 'install.sh')}: not UTF-8 text"], binary
+
+
+def test_the_image_ok_line_depends_on_this_dockerfile_s_problems_alone(tmp_path: Path) -> None:
+    """With container.dockerfile: Dockerfile the build context is the vendor folder, and any earlier problem of a
+    file in it (vendor.yaml's, a monitor's) took the image's ok line away. Only the Dockerfile's check counts now."""
+    from flagperf.hosts.vendorcheck import _check_dockerfile
+
+    folder = tmp_path / "acme"
+    folder.mkdir()
+    (folder / "Dockerfile").write_text("FROM scratch\nRUN true\n")
+    found = Findings(problems=[f"{display_path(folder / MANIFEST)}: container.shm_size: too small"])
+    _check_dockerfile(folder / "Dockerfile", found)
+    assert found.passed == [f"image {display_path(folder / 'Dockerfile')}"], found
