@@ -798,8 +798,8 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
         found.add_error(error)
     used += [f"scale {name}" for name in scales]
     _note_missing_scales(case.family, place.folder, str(vendor.manifest.hardware), scales, problems, found)
-    if place.present:
-        _check_readme_scales(place.folder, found)
+    if place.present and case.family == "training":  # the one family that reads scale files
+        _check_readme_scales(place.folder, str(vendor.manifest.hardware), found)
     problems = adaptation_problems(case.folder, case.family, vendor.name, vendor.folder)
     for problem in problems:  # every part's, not only the first a run would stop at; each part's findings
         found.add_error(problem)
@@ -824,23 +824,38 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
 
 
 # A scale file's name in a case adaptation's README (FlagPerf's guide: a README per case with its 1x1, 1x8 and 2x8
-# results, "consistent with the code"), as FlagPerf (.py) or this project (.yaml) names it.
-README_SCALE = re.compile(r"(?<![\w.-])config_[A-Za-z0-9_.-]+?x\d+x\d+\.(?:yaml|py)\b")
+# results, "consistent with the code"), as FlagPerf (.py) or this project (.yaml) names it: bare, or under ./ or
+# config/ (FlagPerf's folder of them); one in a URL or another path is a file elsewhere. ASCII bounds: a name in
+# Chinese prose (为config_H800x2x8.py中) is still one.
+README_SCALE = re.compile(r"(?<![A-Za-z0-9_./:-])(?:\./|config/)?(config_[A-Za-z0-9_.-]+?x[0-9]+x[0-9]+\.(?:yaml|py))"
+                          r"(?![A-Za-z0-9_])")
+# README, README.md, README_CN.md, README.zh.md, README-en.rst ...: the READMEs, not any file whose name starts so.
+README_NAME = re.compile(r"README(?:[._-][A-Za-z]{2}(?:[_-][A-Za-z]{2})?)?(?:\.(?:md|txt|rst))?", re.IGNORECASE)
 
 
-def _check_readme_scales(folder: Path, found: Findings) -> None:
-    """Each scale file a README of the vendor's folder of the case names is there (as .yaml or .py: a README
-    brought from FlagPerf names config_<hw>x1x8.py): results it reports at a scale the folder has no file for were
-    not taken with the settings it ships. Only names are compared; the README is read as text, bounded."""
-    for readme in sorted(folder.glob("README*")):
-        if not readme.is_file():
+def _check_readme_scales(folder: Path, hardware: str, found: Findings) -> None:
+    """Each scale file of the vendor's hardware a README of the vendor's folder of the case names is there (as .yaml
+    or .py: a README brought from FlagPerf names config_<hw>x1x8.py): results it reports at a scale the folder has no
+    file for were not taken with the settings it ships. Another hardware's file (a comparison with NVIDIA's) is not
+    this folder's. Only names are compared; the README is read as text, bounded; one that is a link is left to the
+    link scans, and one not readable as text is not checkable here."""
+    try:
+        readmes = sorted(p for p in folder.iterdir() if README_NAME.fullmatch(p.name))
+    except OSError:  # a link to no folder: the adaptation's own checks say so
+        return
+    for readme in readmes:
+        if readme.is_symlink():  # read through a link, a file elsewhere would be quoted here
             continue
         try:
-            text = read_config_text(readme, what="a README")
+            text = read_config_text(regular_file(folder, readme.name, display_path(readme), None, display_path(folder)),
+                                    what="a README")
         except ConfigError as exc:
-            found.add_error(exc)
+            found.not_checkable.append(f"the scale files named in {exc}")
             continue
         for name in dict.fromkeys(README_SCALE.findall(text)):
+            match = SCALE_FILE.fullmatch(name)
+            if match is None or match.group(1) != hardware:
+                continue
             stem = name.rsplit(".", 1)[0]
             if not any(is_present(folder / f"{stem}.{suffix}") for suffix in ("yaml", "py")):
                 found.problem(display_path(readme), f"names {name}, which {display_path(folder)} does not have "

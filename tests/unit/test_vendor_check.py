@@ -377,3 +377,59 @@ def test_the_image_ok_line_depends_on_this_dockerfile_s_problems_alone(tmp_path:
     found = Findings(problems=[f"{display_path(folder / MANIFEST)}: container.shm_size: too small"])
     _check_dockerfile(folder / "Dockerfile", found)
     assert found.passed == [f"image {display_path(folder / 'Dockerfile')}"], found
+
+
+def test_a_case_readme_is_held_to_the_scale_files_of_this_vendor_s_hardware_it_names_here(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A case README's scale names were all held to the folder: a URL to FlagPerf's file, NVIDIA's file it compares
+    with, a path elsewhere were said missing, while a name in Chinese prose was never seen (no word boundary next to
+    a CJK letter); every family's README was read, every README* file (README.bak too), and one that is a link out
+    was read through it. Now: names of the vendor's hardware, bare or under ./ or config/, in a training case's
+    README, README.md, README_CN.md ...; a link is the link scans', a README not readable as text not checkable."""
+    from flagperf.config.cases import available_cases, load_case
+    from flagperf.hosts.vendorcheck import _check_case
+
+    folder = tmp_path / "testvendor"
+    shutil.copytree(FIXTURE / "vendors" / "testvendor", folder)
+    vendor = Vendor(manifest=load_vendor_manifest(folder / MANIFEST), location=str(folder))
+    cases = tmp_path / "cases"
+    shutil.copytree(FIXTURE / "cases", cases)
+    base = cases / "base" / "readme-gemm"
+    base.mkdir(parents=True)
+    (base / "case.yaml").write_text((PROJECT_ROOT / "cases" / "base" / "computation-FP32" / "case.yaml").read_text()
+                                    .replace("name: computation-FP32", "name: readme-gemm"))
+    (base / "vendor" / "testvendor").mkdir(parents=True)
+    (base / "vendor" / "testvendor" / "README.md").write_text("| 1x8 | config_testvendorx1x8.py |\n")
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(cases))
+    adapted = cases / "training" / "adapted-mlp" / "vendor" / "testvendor"
+    (adapted / "config_testvendorx1x1.yaml").write_text("{}\n")
+    (adapted / "README.md").write_text(
+        "From [FlagPerf](https://github.com/FlagOpen/FlagPerf/blob/main/training/x/config_testvendorx1x8.py), "
+        "compared with NVIDIA's config_A100x1x8.py and ../other/config_testvendorx2x4.py.\n"
+        "1x1: config/config_testvendorx1x1.py; 1x4: ./config_testvendorx1x4.yaml\n"
+        "2x8 的配置为config_testvendorx2x8.py中所写。\n")
+    (adapted / "README_CN.md").write_text("4x8: `config_testvendorx4x8.py`\n")
+    (adapted / "README.bak").write_text("config_testvendorx8x8.py\n")
+    found = Findings()
+    _check_case(vendor, load_case("adapted-mlp", available_cases()), found)
+    _check_case(vendor, load_case("readme-gemm", available_cases()), found)
+    tail = ("the results it reports at that scale are not reproducible from the folder; add the file or correct the "
+            "README")
+    assert [p for p in found.problems if "README" in p] == [
+        f"{display_path(adapted / readme)}: names {name}, which {display_path(adapted)} does not have ({stem}.yaml or "
+        f".py): {tail}" for readme, name, stem in (
+            ("README.md", "config_testvendorx1x4.yaml", "config_testvendorx1x4"),
+            ("README.md", "config_testvendorx2x8.py", "config_testvendorx2x8"),
+            ("README_CN.md", "config_testvendorx4x8.py", "config_testvendorx4x8"))], found.problems
+    outside = tmp_path / "elsewhere.md"
+    outside.write_text("config_testvendorx3x8.py\n")
+    (adapted / "README_CN.md").unlink()
+    (adapted / "README_CN.md").symlink_to(outside)
+    (adapted / "README.md").write_bytes(b"\xff config_testvendorx5x8.py\n")
+    found = Findings()
+    _check_case(vendor, load_case("adapted-mlp", available_cases()), found)
+    # the link is named by the adaptation's own check (it leads out of the folder), never read through
+    assert [p for p in found.problems if "README" in p and "is outside" not in p] == [] \
+        and not any("x3x8" in line for line in found.problems + found.not_checkable) \
+        and [p for p in found.not_checkable if "README" in p] == [
+            f"the scale files named in {display_path(adapted / 'README.md')}: not UTF-8 text"], found
