@@ -1410,6 +1410,18 @@ def test_a_bad_options_of_an_inference_engine_is_one_line_naming_it_where_it_mat
     assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error {broken}"), lines
 
 
+def test_an_unknown_key_names_each_engine_that_cannot_say_its_options_in_number() -> None:
+    """Two broken engines read "unless engine acmert, acmert2 reads it: their engine.yaml cannot be read"."""
+    from flagperf.config.engines import unless_declared_by
+
+    error = ConfigError("engine.yaml", "options", "must be a list")
+    assert unless_declared_by({}) == ""
+    assert unless_declared_by({"acmert": error}) == (", unless engine acmert reads it: its engine.yaml cannot be read "
+                                                     "(said beside this)")
+    assert unless_declared_by({"acmert2": error, "acmert": error}) == (
+        ", unless engines acmert, acmert2 read it: their engine.yaml files cannot be read (said beside this)")
+
+
 def test_vendor_check_notes_the_scales_the_guide_asks_for_that_a_case_lacks(walk: Path) -> None:
     """The vendor guide asks for 1x1, 1x8 and 2x8 runs; a case with its 1x1 scale file and no other passed vendor check
     without a word, and its 1x8 run read the case's and the vendor's settings alone. One note per training case now
