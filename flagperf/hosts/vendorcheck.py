@@ -426,7 +426,8 @@ def _check_packages_named(dockerfile: Path, instructions: list[Instruction], scr
             text = read_config_text(regular_file(context, script, display_path(path), None, shown),
                                     what="an install script")
         except ConfigError as exc:
-            found.not_checkable.append(f"the packages/ paths {exc}")
+            found.not_checkable.append(f"{exc.source}: the {PACKAGES_FOLDER}/ paths it names are not checked "
+                                       f"({exc.message})")
             continue
         sources.append((display_path(path), shell_lines(text)))
     writes = BuildWrites()  # the build as a whole: a step sees what an earlier one wrote
@@ -850,7 +851,7 @@ def _check_readme_scales(folder: Path, hardware: str, found: Findings) -> None:
             text = read_config_text(regular_file(folder, readme.name, display_path(readme), None, display_path(folder)),
                                     what="a README")
         except ConfigError as exc:
-            found.not_checkable.append(f"the scale files named in {exc}")
+            found.not_checkable.append(f"{exc.source}: the scale files it names are not checked ({exc.message})")
             continue
         for name in dict.fromkeys(README_SCALE.findall(text)):
             match = SCALE_FILE.fullmatch(name)

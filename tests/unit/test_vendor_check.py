@@ -363,7 +363,8 @@ def test_an_install_script_is_read_only_as_a_regular_file_in_its_folder(tmp_path
     _check_image(Vendor(manifest=load_vendor_manifest(context.parent / MANIFEST), location=str(context.parent)),
                  binary)
     assert binary.problems == [] and binary.not_checkable == [
-        f"the packages/ paths {display_path(context / 'install.sh')}: not UTF-8 text"], binary
+        f"{display_path(context / 'install.sh')}: the packages/ paths it names are not checked (not UTF-8 text)"], \
+        binary
 
 
 def test_the_image_ok_line_depends_on_this_dockerfile_s_problems_alone(tmp_path: Path) -> None:
@@ -432,4 +433,4 @@ def test_a_case_readme_is_held_to_the_scale_files_of_this_vendor_s_hardware_it_n
     assert [p for p in found.problems if "README" in p and "is outside" not in p] == [] \
         and not any("x3x8" in line for line in found.problems + found.not_checkable) \
         and [p for p in found.not_checkable if "README" in p] == [
-            f"the scale files named in {display_path(adapted / 'README.md')}: not UTF-8 text"], found
+            f"{display_path(adapted / 'README.md')}: the scale files it names are not checked (not UTF-8 text)"], found
