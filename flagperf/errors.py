@@ -134,8 +134,18 @@ def one_line(text: str, limit: int = MAX_LINE, lead: str = "") -> str:
 MAX_FINDINGS = 20  # findings of one check listed at most (a list of a thousand bad items is not a thousand lines)
 
 
+def _copied(error: ConfigError) -> ConfigError:
+    """A copy of ``error`` (its class, its fields, its cause) whose ``more`` and ``left_out`` may be set without
+    touching the error itself, which others may hold (the plan shares one case's findings across cases)."""
+    copy = type(error).__new__(type(error), *error.args)
+    copy.__dict__.update(error.__dict__)
+    copy.__cause__, copy.__suppress_context__ = error.__cause__, error.__suppress_context__
+    return copy
+
+
 def gathered(errors: Iterable[ConfigError]) -> ConfigError:
-    """Several findings as one error: the first, carrying the others (and theirs) in ``more``, each once."""
+    """Several findings as one error: a copy of the first, carrying copies of the others (and theirs) in ``more``,
+    each once. The errors given are left as they were: one held elsewhere too never carries another's findings."""
     flat: list[ConfigError] = []
     seen: set[tuple[str, str | None, str]] = set()  # by what it says, not its line: two long lines may read alike
     left_out = 0  # what the errors gathered had already left out (cut at MAX_FINDINGS themselves)
@@ -148,8 +158,8 @@ def gathered(errors: Iterable[ConfigError]) -> ConfigError:
                 flat.append(finding)
     if not flat:
         raise ValueError("gathered() needs at least one error")
-    first = flat[0]
-    first.more = flat[1:MAX_FINDINGS]
+    first = _copied(flat[0])
+    first.more = [_copied(finding) for finding in flat[1:MAX_FINDINGS]]
     first.left_out = left_out + max(0, len(flat) - MAX_FINDINGS)
     for finding in first.more:
         finding.more, finding.left_out = [], 0

@@ -83,7 +83,8 @@ def _raise(error: OSError) -> None:
 
 
 def walk_source(folder: str | Path, strict: bool = False, built: bool = False,
-                onerror: Callable[[OSError], None] | None = None) -> Iterator[tuple[str, list[str], list[str]]]:
+                onerror: Callable[[OSError], None] | None = None, skipped: list[str] | None = None
+                ) -> Iterator[tuple[str, list[str], list[str]]]:
     """os.walk of a source folder without what is none of the code (skipped_folder, skipped_file), in name order:
     the one walk of the source digest and of the link scan of a folder a container gets, so that both skip the same
     folders. A linked folder is listed among the folders, never walked (it may loop). ``strict``: an unreadable
@@ -91,9 +92,14 @@ def walk_source(folder: str | Path, strict: bool = False, built: bool = False,
     ``built``: keep the files skipped by their ending (SKIPPED_FILE_ENDINGS): the link scan's walk. The digest
     leaves a build output out (it is made from the code it counts), but a round loads it all the same (a case's
     foo.so), so a link by that name that leaves the folder dangles in a container as any other would.
-    ``onerror``: where not ``strict``, told of each folder that cannot be listed (the link scan names it)."""
+    ``onerror``: where not ``strict``, told of each folder that cannot be listed (the link scan names it).
+    ``skipped``: each folder the walk passes over by that rule is added to it (its path), as the walk lists it: vendor
+    check says which it did not look into."""
     for top, folders, files in os.walk(folder, onerror=_raise if strict else onerror):
-        folders[:] = sorted(name for name in folders if not skipped_folder(top, name))
+        passed = [name for name in folders if skipped_folder(top, name)]
+        if skipped is not None:
+            skipped += [os.path.join(top, name) for name in sorted(passed)]
+        folders[:] = sorted(name for name in folders if name not in passed)
         files[:] = sorted(name for name in files if not (skipped_in_source(name) if built else skipped_file(name)))
         yield top, folders, files
 

@@ -1044,7 +1044,8 @@ def _refuse_shadowed(path: Path, folder: Path, name: str) -> None:
         raise ConfigError(display_path(path), None, "never read: " + shadowed_message(folder, winner, name))
 
 
-def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.Match[str] | None) -> str:
+def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.Match[str] | None,
+                            notes: list[str]) -> str:
     """A file of a vendor folder's cases/<family>/<case>/ (``kept``: the vendor folder, family, case), where a vendor
     kept outside the project keeps its files of a case: read as a run of that vendor reads it."""
     from flagperf.config import adaptation
@@ -1057,8 +1058,8 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
         stray_entry_problem,
         vendor_case_problem,
     )
-    from flagperf.config.vendors import MANIFEST, load_vendor_manifest
-    from flagperf.hosts.vendorcheck import links_out_of_vendor_folder  # the round's link scan
+    from flagperf.config.vendors import MANIFEST, available_vendors, load_vendor_manifest
+    from flagperf.hosts.vendorcheck import README_NAME, links_out_of_vendor_folder  # the round's link scan
 
     home, family, name = kept
     folder = home / adaptation.VENDOR_CASES_FOLDER / family / name
@@ -1069,6 +1070,9 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
     case = load_case(name, known)
     manifest = load_vendor_manifest(home / MANIFEST)
     _refuse_shadowed(path, home, manifest.name)
+    # a folder --vendor does not find (not installed here): its own engines judge the file, as vendor check's do
+    known = available_vendors().get(manifest.name)
+    installed = known is not None and known.resolve() == home.resolve()
     # By an absolute path, or relative and out of the vendor folder (the round's scan of it refuses those too).
     links = adaptation.absolute_links(home, folder) + links_out_of_vendor_folder(
         home, f"{adaptation.VENDOR_CASES_FOLDER}/{family}/{name}")
@@ -1080,7 +1084,7 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
             raise ConfigError(display_path(path), None, misnamed[path])
         if path.name == overrides_name(family, manifest.name):
             resolve_case_config(case, vendor=manifest.name, run_overrides=[], hardware=manifest.hardware,
-                                vendor_folder=home)
+                                vendor_folder=home, check_vendor=installed)
             return f"vendor overrides of {name} (vendor {manifest.name}'s folder)"
     if scale and path.parent == folder:
         problem = scale_file_problem(path.name, family, manifest.name, str(manifest.hardware))
@@ -1088,7 +1092,7 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
             raise ConfigError(display_path(path), None, problem)
         sizes = {"nnodes": int(scale.group(2)), "nproc_per_node": int(scale.group(3))}
         resolve_case_config(case, vendor=manifest.name, run_overrides=[(str(path), sizes)], hardware=scale.group(1),
-                            vendor_folder=home)
+                            vendor_folder=home, check_vendor=installed)
         return f"training scale overrides of {name} (vendor {manifest.name}'s folder)"
     if path.name in (adaptation.ENV_FILE, adaptation.REQUIREMENTS_FILE, adaptation.EXTERN_HOOKS_FILE,
                      adaptation.CSRC_SETUP):
@@ -1101,6 +1105,9 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
     stray = stray_entry_problem(entry, family, manifest.name)
     if stray:
         raise ConfigError(display_path(entry), None, stray)
+    if path.parent == folder and README_NAME.fullmatch(path.name):
+        return _check_adaptation_readme(path, family, str(manifest.hardware), notes,
+                                        f"vendor {manifest.name}'s adaptation of {name} (in its folder)")
     raise ConfigError(display_path(path), None, f"not a file `flagperf validate` reads: a vendor's folder of a case "
                       f"holds {overrides_name(family, manifest.name)}, {adaptation.ENV_FILE}, "
                       f"{adaptation.REQUIREMENTS_FILE}, {adaptation.CSRC_FOLDER}/{adaptation.CSRC_SETUP}, "
@@ -1252,7 +1259,7 @@ def _check_file(path: Path, notes: list[str]) -> str:
     kept = vendor_cases_entry(path.parent) or vendor_cases_entry(path.parent.parent) \
         or vendor_cases_entry(path.parent.parent.parent)  # a file of a vendor's own folder of a case
     if kept is not None:
-        return _check_vendor_kept_file(path, kept, scale)
+        return _check_vendor_kept_file(path, kept, scale, notes)
     if scale and path.parent.parent.name == "vendor" and (path.parent.parent.parent / "case.yaml").is_file():
         case_dir = path.parent.parent.parent
         manifest = load_case_manifest(case_dir / "case.yaml")
@@ -1275,6 +1282,7 @@ def _check_file(path: Path, notes: list[str]) -> str:
     if adapted is not None:  # a file of the case's vendor/<vendor>/ folder (or below it)
         from flagperf.config import adaptation
         from flagperf.config.vendorlayout import misplaced_adaptation_file, stray_entry_problem
+        from flagperf.hosts.vendorcheck import README_NAME
 
         case_dir = adapted.parent.parent
         case = load_case(case_dir.name, {case_dir.name: case_dir})
@@ -1290,6 +1298,11 @@ def _check_file(path: Path, notes: list[str]) -> str:
         stray = stray_entry_problem(entry, case.family, adapted.name)
         if stray:
             raise ConfigError(display_path(entry), None, stray)
+        if path.parent == adapted and README_NAME.fullmatch(path.name):
+            vendors = available_vendors()  # its scale files are those of the vendor's <hw>
+            hardware = str(load_vendor(adapted.name).manifest.hardware) if adapted.name in vendors else None
+            return _check_adaptation_readme(path, case.family, hardware, notes,
+                                            f"vendor {adapted.name}'s adaptation of {case.name}")
     if path.name == "datasheets.yaml" and (path.parent / VENDOR_MANIFEST).is_file():
         from flagperf.hosts.vendorcheck import datasheet_findings
 
@@ -1308,6 +1321,9 @@ def _check_file(path: Path, notes: list[str]) -> str:
         if links:  # each one line; a run would meet it only in a round's container, which has the folder elsewhere
             raise gathered(links)
         return "vendor"
+    located = _packages_dockerfile(path)
+    if located is not None:
+        return _check_packages_file(*located, notes)
     if path.suffix == ".py":  # FlagPerf training's test_conf.py, or its cluster_conf.py: checked together
         from flagperf.config.plan import plan_run
         from flagperf.hosts.flagperf_training import CLUSTER_CONF, load_training_conf
@@ -1346,6 +1362,69 @@ def _check_file(path: Path, notes: list[str]) -> str:
         return f"{'FlagPerf host.yaml' if 'HOSTS' in data else 'inventory'}, {len(inv.hosts)} host(s)"
     raise ConfigError(display_path(path), None, "not a case.yaml, vendor/<vendor>.yaml, vendor.yaml, engine.yaml, "
                                                 "toolkit.yaml, suite, inventory or host.yaml file")
+
+
+def _check_adaptation_readme(readme: Path, family: str, hardware: str | None, notes: list[str], what: str) -> str:
+    """A README of a vendor's folder of a case: each scale file of the vendor's <hw> it names is in the folder, as
+    vendor check says (the same function); only a training case's folder has scale files."""
+    from flagperf.hosts.vendorcheck import Findings, readme_scale_findings
+
+    if family != "training":
+        return f"README of {what} (a {family} case reads no scale files: nothing in it to check)"
+    if hardware is None:  # the vendor is not installed here: whose <hw> its names are is unknown
+        notes.append(f"{display_path(readme)}: the scale files it names are not checked (no vendor "
+                     f"{readme.parent.name} here to say its hardware)")
+        return f"README of {what}"
+    found = Findings()
+    errors = readme_scale_findings(readme.parent, hardware, found, only=readme)
+    notes += found.notes + found.not_checkable
+    if errors:
+        raise gathered(errors)
+    return f"README of {what}"
+
+
+def _packages_dockerfile(path: Path) -> tuple[Path, Path] | None:
+    """(the vendor folder, the Dockerfile) whose packages/ folder (FlagPerf's, beside it) ``path`` lies in: the vendor
+    folder is the first one up with vendor.yaml, and the Dockerfile one vendor check checks (container.dockerfile or
+    a <framework>/Dockerfile); None for any other file."""
+    from flagperf.config.files import is_present
+    from flagperf.config.vendors import load_vendor_manifest
+    from flagperf.hosts.vendorcheck import PACKAGES_FOLDER, image_dockerfiles
+    from flagperf.paths import VENDOR_MANIFEST
+
+    given = Path(os.path.abspath(path))  # as written: a link's own place, not where it leads
+    if PACKAGES_FOLDER not in given.parent.parts:
+        return None  # no packages/ folder on the way: no manifest is read
+    home = next((folder for folder in given.parents if is_present(folder / VENDOR_MANIFEST)), None)
+    if home is None:
+        return None
+    manifest = load_vendor_manifest(home / VENDOR_MANIFEST)
+    for dockerfile in image_dockerfiles(home, manifest.container.dockerfile):
+        if dockerfile.parent / PACKAGES_FOLDER in given.parents:
+            return home, dockerfile
+    return None
+
+
+def _check_packages_file(home: Path, dockerfile: Path, notes: list[str]) -> str:
+    """A file of a Dockerfile's packages/ folder: first the links of the build context (by an absolute path, or out
+    of the vendor folder: each one line, never read through), then what vendor check says of packages/."""
+    from flagperf.config.adaptation import absolute_links
+    from flagperf.hosts.vendorcheck import Findings, links_out_of_vendor_folder, packages_findings
+
+    context = os.path.relpath(dockerfile.parent, home)
+    if context == os.curdir:  # container.dockerfile at the top: the build context is the whole vendor folder
+        links = absolute_links(home, None, tuple(sorted(os.listdir(home)))) + links_out_of_vendor_folder(home)
+    else:
+        links = absolute_links(home, dockerfile.parent, (Path(context).parts[0],)) + links_out_of_vendor_folder(
+            home, context)
+    if links:
+        raise gathered(links)
+    found = Findings()
+    errors = packages_findings(dockerfile, found)  # what vendor check says of packages/ (the Dockerfile's rest is its)
+    notes += found.notes + found.not_checkable
+    if errors:
+        raise gathered(errors)
+    return f"file of the packages/ folder of {display_path(dockerfile)}"
 
 
 def _check_plugin_manifest(path: Path) -> str | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -32,12 +31,10 @@ from flagperf.hosts.health import HealthReport, round_probe
 from flagperf.hosts.inventory import HostSpec, host_spec
 from flagperf.hosts.local import Host
 from flagperf.hosts.threads import RoundsStopped, stop_requested
-from flagperf.results.bounded import read_bounded
 from flagperf.results.prompt_positions import (
     CONTROLLER_ENDED_FILE,
     RUN_POSITIONS_DIR,
     WORKED_OUT,
-    Reach,
     Reservation,
     SeenReach,
     close,
@@ -59,10 +56,9 @@ from flagperf.results.schema import (
     round_dir,
     write_result,
 )
-from flagperf.results.serving import SERVING_FILE
 from flagperf.results.summary import RETRIES_DIR
 from flows.logs import route_core_logs
-from tasks.collect import collect_logs, leftover_result, stage_folder
+from tasks.collect import collect_logs, leftover_result, remove_ended_markers, stage_folder
 from tasks.container import THEN, AttemptRecords, attempt_records, host_disk_full, run_case, stopped_state
 from tasks.healthcheck import healthcheck
 from tasks.image import build_image
@@ -338,14 +334,13 @@ def _close_if_stored(host: Host, stage_dir: Path, run_dir: Path, case: str, roun
 def after_collection(host: Host, stage_dir: Path, run_dir: Path, case: CasePlan, round_no: int, node_rank: int,
                      reservation: Reservation | None, label: str) -> None:
     """Once a round's collection completed: its reservation is closed (where its folder is stored), and so is every
-    open reservation whose reach lies within what the run folder's records now say was taken on its stream (the round
-    worked out their reaches: its serving.json; ``close_passed``)."""
+    open reservation whose reach, kept by the controller beside it, lies within what the run folder's records now say
+    was taken on its stream (``close_passed``; never on a reach the round's case wrote in its serving.json)."""
     _close_if_stored(host, stage_dir, run_dir, case.name, round_no, node_rank, reservation)
     if not at_endpoint(case):
         return
     try:
-        closed = close_passed(run_dir, worked_out_reaches(round_dir(run_dir, case.name, round_no, host.name,
-                                                                    node_rank)))
+        closed = close_passed(run_dir)
     except OSError as exc:  # they stay open: later rounds only work them out again
         round_logger().warning("%s: the open reservations of prompt positions were not looked at: %s", label,
                                exc.strerror or exc)
@@ -353,21 +348,6 @@ def after_collection(host: Host, stage_dir: Path, run_dir: Path, case: CasePlan,
     if closed:
         round_logger().info("%s: closed %d reservation(s) of rounds never collected, which the run's records now "
                             "pass: %s", label, len(closed), ", ".join(r.where for r in closed))
-
-
-def worked_out_reaches(folder: Path) -> dict[str, Reach]:
-    """The reaches of open reservations a stored round at an endpoint worked out, by id (its serving.json's
-    ``prompt_set.reservation_reaches``); none where it has none, or it cannot be read."""
-    try:
-        listed = json.loads(read_bounded(folder / SERVING_FILE))["prompt_set"]["reservation_reaches"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-    reaches = {}
-    for item in listed if isinstance(listed, list) else []:
-        with contextlib.suppress(ValueError, KeyError, TypeError):  # ValidationError is a ValueError
-            # "upto": where the round started after it (an older serving.json: "end", which held that too)
-            reaches[str(item["id"])] = Reach(stream=item["stream"], end=item["upto"] if "upto" in item else item["end"])
-    return reaches
 
 
 def keep_round_reach(host: Host, stage_dir: Path, run_dir: Path, reservation: Reservation | None, label: str) -> None:
@@ -449,8 +429,7 @@ def cleared_stage(host: Host, stage_dir: Path, job: Job, run_dir: Path | None = 
                 "at it, remove it, then retry the run", f"{host.name}:{stage_dir}")
         job = job.model_copy(update={"prompt_reservations": reservations(run_dir)})
     host.remove_tree(stage_dir)
-    if (markers := host.ended_path(stage_dir)) is not None:  # its attempts' ends, read above: none is a rerun's
-        host.remove_tree(markers)
+    remove_ended_markers(host, stage_dir)  # its attempts' ends, read above: none is a rerun's
     return job
 
 

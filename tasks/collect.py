@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import re
 import shutil
 from pathlib import Path
@@ -56,6 +57,23 @@ def verify_copy(local: Path, sizes: dict[str, int]) -> None:
         got = copied.stat().st_size if copied.is_file() else None
         if got != size:
             raise OSError(errno.EIO, f"copy of {relative} has {got} bytes, the host's has {size}", str(copied))
+
+
+log = logging.getLogger(__name__)
+
+
+def remove_ended_markers(host: Host, folder: Path) -> None:
+    """Remove the controller's markers of the attempts under ``folder`` (Host.ended_path) once they were read: the
+    round is stored (collected) or cleared already. Best effort, said at debug level only where it fails (an SSH link
+    that dropped): a stale marker is harmless, since run_case removes an attempt's marker before it reuses its
+    number, and the run's clean-up removes the run's."""
+    try:
+        markers = host.ended_path(folder)
+        if markers is not None:
+            host.remove_tree(markers)
+    except Exception as exc:
+        log.debug("%s: the controller's ended markers of %s were not removed: %s", host.name, folder,
+                  " ".join(str(exc).split())[:200])
 
 
 def bring_ended_markers(host: Host, stage_dir: Path, partial: Path, logger: Any) -> None:
@@ -183,7 +201,6 @@ def collect_logs(host: Host, stage_dir: Path, dest_dir: Path, job: Job, failure:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     host.remove_tree(stage_dir)
-    if (markers := host.ended_path(stage_dir)) is not None:  # in the copy now
-        host.remove_tree(markers)
+    remove_ended_markers(host, stage_dir)  # in the copy now
     logger.info("collected %s -> %s (%s)", stage_dir, dest_dir, result.status)
     return result

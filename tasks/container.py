@@ -17,7 +17,7 @@ from flagperf.config.job import JOB_FILE, Job
 from flagperf.errors import EXIT_OK, EXIT_UNSUPPORTED, EXIT_USER_ERROR, InfrastructureFailure, RoundUserFailure
 from flagperf.hosts.local import CommandResult, Host
 from flagperf.hosts.runtime import PID_FILE, Runtime
-from flagperf.hosts.threads import RoundsStopped, stop_requested
+from flagperf.hosts.threads import CaseStopped, RoundsStopped, stop_requested
 from flagperf.inference.subflows import portable_context
 from flagperf.results.prompt_positions import (
     MAX_POSITIONS_BYTES,
@@ -97,8 +97,11 @@ def _run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s
     try:
         outcome = runtime.run_entry(host, job_dir, timeout_s, on_line=lambda line: relay(logger, line),
                                     pid_file=stage_dir / PID_FILE)
-    except BaseException:  # interrupted: a local case process killed and seen to end has ended all the same
-        if (code := host.ended_when_interrupted(job_dir / CASE_LOG_FILE)) is not None:
+    except BaseException as exc:  # interrupted: a case process killed and seen to end has ended all the same
+        code = host.ended_when_interrupted(job_dir / CASE_LOG_FILE)
+        if code is None and isinstance(exc, CaseStopped):  # a container the stop killed, its end seen by its runtime
+            code = exc.exit_code
+        if code is not None:
             seen_ended(host, job_dir, code)
         raise
     if outcome.exit_code is not None and not outcome.link:
@@ -117,10 +120,10 @@ def seen_ended(host: Host, job_dir: Path, exit_code: int) -> None:
     never in the attempt's folder (an ENDED_FILE there, an older version's or a case's, proves nothing); collection
     brings it in as CONTROLLER_ENDED_FILE. Never written where the link was lost, a container could not be removed, or
     a remote case was interrupted: it may still be sending."""
-    marker = host.ended_marker(job_dir)
-    if marker is None:  # this host keeps none: the attempt counts as not seen to end (its bound holds)
-        return
     with contextlib.suppress(Exception):  # best effort: without it, later rounds start after its bound
+        marker = host.ended_marker(job_dir)
+        if marker is None:  # this host keeps none: the attempt counts as not seen to end (its bound holds)
+            return
         host.write_text(marker, json.dumps({"exit_code": exit_code}) + "\n")
 
 
@@ -197,7 +200,10 @@ def attempt_records(host: Host, stage_dir: Path, before: int | None = None) -> A
     for number in found.attempts:
         path = stage_dir / f"attempt{number}" / PROMPT_POSITIONS
         where = f"{host.name}:{path}"
-        marker = host.ended_marker(path.parent)
+        try:
+            marker = host.ended_marker(path.parent)
+        except Exception:  # where the host keeps its markers is not known: the attempt is not seen to end
+            marker = None
         try:
             if marker is not None and host.exists(marker):
                 found.ended_attempts.add(number)

@@ -336,12 +336,13 @@ def _skipped_place(home: str, real: str) -> bool:
 
 
 def walk_linked(vendor_folder: Path, case: Path | None = None, parts: Sequence[str] = (VENDOR_CASES_FOLDER,),
-                cut: list[str] | None = None) -> Iterator[tuple[Path, str | None, str]]:
+                cut: list[str] | None = None, every: bool = False) -> Iterator[tuple[Path, str | None, str]]:
     """Each path below the vendor folder's ``parts`` as a run reaches it: (the path, its link's target as written or
     None, where it resolves), relative links inside the vendor folder followed (each place looked through once,
     none the run's link scan skips: _skipped_place); ``case``: only on the way to that folder of cases/<family>/
-    and in it. Skips what the run's link scan skips (_not_walked). Stops after LINK_WALK_LIMIT paths, said in
-    ``cut`` (one line, once): a caller that gives none cannot tell a cut walk from a whole one."""
+    and in it. Skips what the run's link scan skips (_not_walked), unless ``every`` (extern/'s Python files: a
+    build copies all of the folder). Stops after LINK_WALK_LIMIT paths, said in ``cut`` (one line, once): a caller
+    that gives none cannot tell a cut walk from a whole one."""
     home = os.path.realpath(vendor_folder)
     # The folder itself is walked by its parts: a link back to it (cases/x -> ../..) is named once, as itself, and
     # never walked again under a path made of it.
@@ -367,13 +368,13 @@ def walk_linked(vendor_folder: Path, case: Path | None = None, parts: Sequence[s
         if real in seen or not (real == home or real.startswith(home + os.sep)) or not os.path.isdir(path):
             continue
         seen.add(real)
-        if target is not None and _skipped_place(home, real):
+        if target is not None and not every and _skipped_place(home, real):
             continue
         try:
             listing = sorted(os.listdir(path))
         except OSError:  # unreadable: reading the adaptation says so
             continue
-        pending += [path / name for name in reversed(listing) if not _not_walked(path, name)]
+        pending += [path / name for name in reversed(listing) if every or not _not_walked(path, name)]
 
 
 def overrides_file(case_folder: Path, file_name: str, vendor: str, vendor_folder: Path | None = None) -> Path:
@@ -630,43 +631,34 @@ def _identity(info: os.stat_result) -> tuple[int, int]:
 
 def _python_files(folder: Path, problems: list[ConfigError]) -> list[Path]:
     """extern/'s Python files, links followed as a round's import and the build's copy follow them (Path.rglob passes
-    over a linked folder, so a file in one went unread): a folder that holds itself through a link is not walked
-    again (a loop), and the walk stops after LINK_WALK_LIMIT paths. A link that leads out of extern/ is a problem in
-    ``problems`` (files.inside's words, as _check_tree's), and not followed; so is a walk cut short (said once per
-    check: one_cut_line_per_check). A file by its own name comes before a link to it (or one in a linked folder), so
-    that check_extern names each file's findings by that name."""
+    over a linked folder, so a file in one went unread): walk_linked's walk of it, every name (a build copies all of
+    extern/), each folder once (a loop of links too), bounded at LINK_WALK_LIMIT paths. A link that leads out of
+    extern/ is a problem in ``problems`` (files.inside's words, as _check_tree's), and not followed; so is a walk cut
+    short (said once per check: one_cut_line_per_check). Each is named by its own name (the folder reached through a
+    link named as it is: kernels/x.py, not fused/x.py), a file by its own name before a link to it, so that
+    check_extern names each file's findings by that name."""
     root = os.path.realpath(folder)
-    found: list[Path] = []
-    pending: list[tuple[Path, tuple[str, ...]]] = [(folder, (root,))]  # a folder, and the folders that hold it
-    walked = 0
-    while pending:
-        current, holders = pending.pop()
-        try:
-            names = sorted(os.listdir(current))
-        except OSError:  # unreadable: _check_tree says so
-            continue
-        for name in names:
-            walked += 1
-            if walked > LINK_WALK_LIMIT:
-                line = _cut_line(folder)
-                first = _first_said(line)
-                if first is not None:  # a later file's check: its walk was not whole either
-                    problems.append(ConfigError(display_path(folder), None,
-                                                line.split(": ", 1)[1] if first else _cut_again(folder)))
-                return sorted(found, key=lambda p: (_linked(p, folder, root), p))
-            path = current / name
-            real = os.path.realpath(path)
-            if os.path.islink(path) and not (real == root or real.startswith(root + os.sep)):
-                try:
-                    inside(folder, path.relative_to(folder), given_name(path), None, "the extern folder")
-                except ConfigError as exc:
-                    problems.append(exc)
-                continue
-            if os.path.isdir(path):
-                if real not in holders:
-                    pending.append((path, (*holders, real)))
-            elif name.endswith(".py") and os.path.isfile(path):
-                found.append(path)
+    try:
+        parts = sorted(os.listdir(folder))
+    except OSError:  # unreadable: _check_tree says so
+        return []
+    found: dict[Path, None] = {}
+    cut: list[str] = []
+    for path, target, real in walk_linked(folder, parts=parts, cut=cut, every=True):
+        # its own name: the walk names what is in a folder reached through a link by the link's path
+        own = folder / os.path.relpath(os.path.realpath(path.parent), root) / path.name
+        if target is not None and not (real == root or real.startswith(root + os.sep)):
+            try:
+                inside(folder, own.relative_to(folder), given_name(own), None, "the extern folder")
+            except ConfigError as exc:
+                problems.append(exc)
+        elif path.name.endswith(".py") and os.path.isfile(path):
+            found[own] = None
+    for line in cut:
+        first = _first_said(line)
+        if first is not None:  # a later file's check: its walk was not whole either
+            problems.append(ConfigError(display_path(folder), None,
+                                        line.split(": ", 1)[1] if first else _cut_again(folder)))
     return sorted(found, key=lambda p: (_linked(p, folder, root), p))
 
 

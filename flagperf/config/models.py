@@ -25,6 +25,7 @@ from flagperf.config.flagperf_keys import flagperf_key_hint
 from flagperf.config.yamlio import load_yaml_mapping, parse_yaml_text
 from flagperf.errors import LISTED_IN_FULL, ConfigError, gathered, nearest, unknown_name, validation_message
 from flagperf.paths import NAME_PATTERN, display_path
+from flagperf.results.schema import MAX_ROUNDS
 
 log = logging.getLogger("flagperf.config.models")
 
@@ -234,7 +235,7 @@ class SuiteFile(StrictModel):
     name: str = Field(description="the suite's name: the file's name without .yaml (`--suite NAME` finds it)")
     description: str = ""
     cases: list[str] = Field(min_length=1)
-    rounds: int = Field(default=1, ge=1, le=100)
+    rounds: int = Field(default=1, ge=1, le=MAX_ROUNDS)
     overrides: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="case name (or '*' for every case) -> {key: value}"
     )

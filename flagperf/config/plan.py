@@ -47,6 +47,7 @@ from flagperf.paths import (
 )
 from flagperf.results.bounded import MAX_RECORD_BYTES
 from flagperf.results.provenance import git_revision, search_path_code, source_code, source_digest
+from flagperf.results.schema import MAX_ROUNDS
 
 DEFAULT_SUITE = "smoke"
 PLAN_FILE = "plan.json"
@@ -218,8 +219,8 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
         problems += [ConfigError(suite_source, f"overrides.{case_name}", "is not one of the suite's cases")
                      for case_name in suite_overrides if case_name != "*" and case_name not in names]
 
-    if rounds is not None and not 1 <= rounds <= 100:
-        raise ConfigError("--rounds", None, f"must be between 1 and 100, got {rounds}")
+    if rounds is not None and not 1 <= rounds <= MAX_ROUNDS:
+        raise ConfigError("--rounds", None, f"must be between 1 and {MAX_ROUNDS}, got {rounds}")
     defs: dict[str, CaseDef] = {}
     for name in names:
         if suite_name and name not in known:

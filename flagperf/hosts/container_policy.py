@@ -255,6 +255,24 @@ def mount_target_problem(target: str, project_root: str, work_root: str | None =
     return None
 
 
+def work_root_source_problem(source: str, work_root: str | None) -> str | None:
+    """Why a (clean) host path may not be mounted read-write on a host whose work root is ``work_root``, or None: the
+    work root itself, a folder above it or one in it. The controller keeps its ended markers there
+    (``<work_root>/.ended``, flagperf.hosts.local.Host.ended_root), outside the run's folder the round's container
+    gets: a container that could write them could forge the proof that an attempt ended."""
+    if work_root is None:
+        return None
+    root = _normalised(work_root)
+    if is_under(root, source):
+        where = "the host's work root" if source == root else "a folder above the host's work root"
+    elif is_under(source, root):
+        where = "in the host's work root"
+    else:
+        return None
+    return (f"it is {where} ({root}), where the controller keeps its own records of which attempts ended "
+            "(.ended): mount it read-only")
+
+
 def _normalised(path: str) -> str:
     """``path`` as clean_path writes a target (posixpath.normpath keeps a leading '//', which is_under then compares
     as written: a work root given as //data/work refused no mount at /data/work/x)."""

@@ -43,12 +43,13 @@ from flagperf.hosts.container_policy import (
     resolved_device,
     resolved_mount,
     search_mounts,
+    work_root_source_problem,
 )
 from flagperf.hosts.inventory import HostSpec, resolve_values, spec_origin
 from flagperf.hosts.local import CommandResult, Host, LineSink
 from flagperf.hosts.probe import probe_command
 from flagperf.hosts.runtime import Runtime
-from flagperf.hosts.threads import HOST_THREADS, HostThreads, RoundsStopped
+from flagperf.hosts.threads import HOST_THREADS, CaseStopped, HostThreads, RoundsStopped
 from flagperf.paths import PROJECT_ROOT, display_path
 from flagperf.results.schema import CASE_LOG_FILE
 
@@ -282,11 +283,15 @@ class ContainerSettings:
     vendor_file: str = "vendor.yaml"
     private_env: dict[str, str] = field(default_factory=dict)  # the inventory's other variables: by a file
     privileged_reason: str | None = None
+    # The host's work root: no read-write mount's source may be it, above it or in it (work_root_source_problem),
+    # checked again once resolved on the host
+    work_root: str | None = None
 
     def host_paths(self) -> list[str]:
         """The host paths the container policy checks on the host: mount sources, data roots, devices."""
         return sorted({*(m.source for m in (*self.data_mounts, *self.extra_mounts)), *self.data_roots,
-                       *(device_host_path(d) for d in self.devices), *self.search.host_paths()})
+                       *(device_host_path(d) for d in self.devices), *self.search.host_paths(),
+                       *([self.work_root] if self.work_root is not None else [])})
 
     def scan_paths(self) -> list[str]:
         """Of host_paths(), the folders whose links the container policy checks too (a search path mount's, the
@@ -322,6 +327,14 @@ class ContainerSettings:
                    keyed(f"container.devices.{i}", lambda d=d: resolved_device(d, facts, self.device_patterns,
                                                                             "device"), self.vendor_file)
                    for i, d in enumerate(self.devices)]
+        # A link may lead a source onto the work root, or the work root itself be a link: compared as resolved
+        work = facts[self.work_root].path if self.work_root is not None and self.work_root in facts else self.work_root
+        for key, what, mounts in (*((f"docker.data_mounts.{i}", "data mount", [m]) for i, m in enumerate(data)),
+                                  ("docker.extra_options", "-v host path", extra)):
+            for mount in mounts:
+                problem = None if mount.read_only else work_root_source_problem(mount.source, work)
+                if problem:
+                    raise PolicyError(f"{what} {mount.source!r} (as resolved) is refused read-write: {problem}", key)
         search = self.search.resolved(facts)  # its PolicyError is keyed env.<variable>
         # The container's search paths name the folders where it has them (decided from the resolved folders).
         return replace(self, data_mounts=data, extra_mounts=extra, devices=devices, search=search,
@@ -362,6 +375,13 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str, project_root:
         if problem:
             raise ConfigError(source, f"{prefix}docker.extra_options",
                               f"-v container path {mount.target!r} is refused: it is {problem}")
+    # Its source too, where it is written: the work root, above it or in it, read-write (the ended markers)
+    for key, what, mount in (*((f"docker.data_mounts.{i}", "data mount", m) for i, m in enumerate(data_mounts)),
+                             *(("docker.extra_options", "-v host path", m) for m in extras.mounts)):
+        problem = None if mount.read_only else work_root_source_problem(mount.source, None if work is None
+                                                                         else str(work))
+        if problem:
+            raise ConfigError(source, f"{prefix}{key}", f"{what} {mount.source!r} is refused read-write: {problem}")
     given = spec.runtime_env()
     given.update(resolve_values(extras.env, spec.name, "docker.extra_options"))
     try:
@@ -395,7 +415,8 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str, project_root:
         devices=[*options.devices, *extras.devices], data_mounts=data_mounts,
         extra_mounts=extras.mounts, ipc_mode=extras.ipc or options.ipc, group_add=extras.group_add,
         ulimits=dict(options.ulimits), data_roots=roots, search=search, device_patterns=patterns,
-        vendor_devices=tuple(options.devices), vendor_file=display_path(vendor.folder / "vendor.yaml"))
+        vendor_devices=tuple(options.devices), vendor_file=display_path(vendor.folder / "vendor.yaml"),
+        work_root=None if work is None else str(work))
 
 
 def exit_code_of(status: int) -> int:
@@ -417,8 +438,16 @@ class DockerRuntime(Runtime):
                   pid_file: Path) -> CommandResult:
         argv = [self.settings.python, "-m", "flagperf.entry", "--job", str(job_dir / JOB_FILE)]
         name = "flagperf-" + "-".join(job_dir.relative_to(self.scratch_root.parent).parts)[-200:].replace("_", "-")
-        result, lines = self._run(host, argv, name, {f"{LABEL}.job": str(job_dir)}, timeout_s, on_line,
-                                  pid_file=pid_file, scratch=True, data=True)
+        try:
+            result, lines = self._run(host, argv, name, {f"{LABEL}.job": str(job_dir)}, timeout_s, on_line,
+                                      pid_file=pid_file, scratch=True, data=True)
+        except CaseStopped as stopped:  # killed at the stop: its log is kept as any ended round's
+            try:
+                host.write_text(job_dir / CASE_LOG_FILE, "\n".join(stopped.lines) + ("\n" if stopped.lines else ""))
+            except Exception as exc:  # a full disk, a closed link: its end was still seen (the controller's marker)
+                logger.warning("the log of container %s, stopped, could not be kept on %s: %s", name, host.name,
+                               _one_line(exc))
+            raise
         host.write_text(job_dir / CASE_LOG_FILE, "\n".join(lines) + ("\n" if lines else ""))
         return result
 
@@ -491,16 +520,14 @@ class DockerRuntime(Runtime):
                         f", privileged: {s.privileged_reason}" if s.privileged else "")
             streamer = threading.Thread(target=_stream, args=(container, on_line, streamed), daemon=True)
             streamer.start()
-            container, exit_code, timed_out, link = self._wait(host, container, started + timeout_s)
-            streamer.join(timeout=5)
-            # the container's own log, from the host's engine (the live stream may have dropped with the link)
             try:
-                lines = container.logs(stdout=True, stderr=True).decode("utf-8", "replace").splitlines()
-                if exit_code != 0 and _oom_killed(container):
-                    lines.append(OOM_LINE)
-            except link_errors() as exc:  # its exit code stands; what it printed, as far as the stream got
-                lines = [*streamed, f"[flagperf] its log could not be read from {host.name}'s engine: "
-                                    f"{_one_line(exc)}"]
+                container, exit_code, timed_out, link = self._wait(host, container, started + timeout_s)
+            except CaseStopped as stopped:  # killed at the stop, its end seen: what it printed is still its log
+                streamer.join(timeout=5)  # its last lines: what stands where the engine cannot give the log
+                stopped.lines = _container_log(host, container, stopped.exit_code, streamed)
+                raise
+            streamer.join(timeout=5)
+            lines = _container_log(host, container, exit_code, streamed)
         except docker.errors.ImageNotFound:
             raise ContainerEngineError(f"host {host.name}: image {s.image} is not on the engine") from None
         except _Lost as lost:  # what it printed before, then why it is lost: the round may be tried again
@@ -550,7 +577,8 @@ class DockerRuntime(Runtime):
         """Wait for the container to end, killing it at ``deadline``: (the container as last reached, its exit
         code, timed out, what the link said). RoundsStopped when the evaluation stops meanwhile (an interrupt): a
         watcher kills the container then, so that the wait ends at once rather than at the controller's grace (a
-        local engine's wait is no connection the interrupt closes)."""
+        local engine's wait is no connection the interrupt closes); CaseStopped, with its exit code, where its end
+        was seen (the controller records it as it records any seen end)."""
         threads = HOST_THREADS.get()
         if threads is None:  # no evaluation around it (a round's steps called alone): nothing stops it
             return self._wait_for(host, [container], deadline)
@@ -563,7 +591,11 @@ class DockerRuntime(Runtime):
         finally:
             ended.set()
         if threads.stopping:  # killed by the watcher (or ended as the stop came): stopped, not the case's end
-            raise RoundsStopped(f"the run is stopping: container {container.name} on {host.name} was ended")
+            message = f"the run is stopping: container {container.name} on {host.name} was ended"
+            _, code, _, link = answer
+            if code is not None and link is None:  # its end seen: the controller records it (seen_ended)
+                raise CaseStopped(message, code)
+            raise RoundsStopped(message)
         return answer
 
     def _wait_for(self, host: Host, followed: list[Any], deadline: float) -> tuple[Any, int | None, bool, str | None]:
@@ -738,6 +770,20 @@ def _one_line(exc: object) -> str:
     return f"{kind}: {detail}" if kind and detail else kind or detail
 
 
+def _container_log(host: Host, container: Any, exit_code: int | None, streamed: collections.deque[str]) -> list[str]:
+    """The ended container's own log, from the host's engine (the live stream may have dropped with the link); what
+    the stream got, and why, where the engine cannot give it (its link dropped, or its answer was an error: the
+    container removed meanwhile, NotFound)."""
+    docker = require_docker()
+    try:
+        lines: list[str] = container.logs(stdout=True, stderr=True).decode("utf-8", "replace").splitlines()
+        if exit_code != 0 and _oom_killed(container):
+            lines.append(OOM_LINE)
+    except (docker.errors.APIError, *link_errors()) as exc:  # its exit code stands; its log, as the stream got it
+        lines = [*streamed, f"[flagperf] its log could not be read from {host.name}'s engine: {_one_line(exc)}"]
+    return lines
+
+
 def _oom_killed(container: Any) -> bool:
     """Whether the engine killed the container for memory (asked again: best effort, the exit code stands)."""
     docker = require_docker()
@@ -752,14 +798,20 @@ STOP_POLL_S = 0.5  # how often a stop watcher looks whether its container's wait
 
 
 def _kill_when_stopped(threads: HostThreads, ended: threading.Event, followed: list[Any]) -> None:
-    """Kill ``followed[0]`` once the evaluation stops, unless its wait ``ended`` first. Best effort: a link the
-    interrupt closed fails the wait itself, and the run's clean-up (stop_run) removes what is left."""
+    """Kill ``followed[0]`` once the evaluation stops, unless its wait ``ended`` first. A kill that fails (a link
+    that dropped, made again by the wait; an engine busy) is tried again at each poll until the wait ends: one
+    passing error must not leave the case running until the controller's grace. A link the interrupt closed fails
+    the wait itself, and the run's clean-up (stop_run) removes what is left."""
     while not ended.is_set():
-        if threads.wait_stopping(STOP_POLL_S):
-            if not ended.is_set():
-                with contextlib.suppress(Exception):  # ended meanwhile (409), or its link is gone
-                    followed[0].kill()
+        if not threads.wait_stopping(STOP_POLL_S) or ended.is_set():
+            continue
+        container = followed[0]  # as the wait last reached it
+        try:
+            container.kill()
             return
+        except Exception as exc:  # ended meanwhile (409: its wait ends too), or its link is gone for now
+            logger.debug("container %s not killed at the stop (%s): tried again", container.name, _one_line(exc))
+        ended.wait(STOP_POLL_S)
 
 
 def _stream(container: Any, on_line: LineSink | None, kept: collections.deque[str]) -> None:

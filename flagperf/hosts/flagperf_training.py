@@ -44,13 +44,13 @@ from flagperf.hosts.inventory import (
     visible_env_note,
 )
 from flagperf.paths import display_path
+from flagperf.results.schema import MAX_ROUNDS  # the plan's limit for rounds
 
 CLUSTER_CONF = "cluster_conf.py"  # FlagPerf keeps it beside test_conf.py, in run_benchmarks/config/
 CLUSTER_CONF_KEYS = {"HOSTS", "SSH_PORT", "HOSTS_PORTS", "MASTER_PORT"}
 TEST_CONF_KEYS = {"VENDOR", "ACCE_CONTAINER_OPT", "ACCE_VISIBLE_DEVICE_ENV_NAME", "PIP_SOURCE", "FLAGPERF_PATH",
                   "FLAGPERF_LOG_PATH", "FLAGPERF_LOG_LEVEL", "SHM_SIZE", "CLEAR_CACHES", "CASES"}
 CASE_FIELDS = ("model", "framework", "hardware", "nnodes", "nproc", "repeat")
-MAX_ROUNDS = 100  # the plan's limit for rounds
 
 
 @dataclass(frozen=True)

@@ -339,7 +339,8 @@ def allowed_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = None,
-                  mounted: Sequence[str] = (), only: str | None = None) -> list[list[str]]:
+                  mounted: Sequence[str] = (), only: str | None = None, skipped: list[str] | None = None
+                  ) -> list[list[str]]:
     """The symlinks below ``folder`` (itself resolved) that a copy of it mounted at another path would not follow:
     one whose target is an absolute path, or whose way leaves the folder (a '..' above it, or a link out). Each as
     [its path below the folder, its target as written, where it leads here], the first ``limit`` the walk meets (a
@@ -365,7 +366,9 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
     to it included (and a folder on the way that cannot be listed), each still judged as the folder's (a link to
     elsewhere in the folder stays in): the walk enters nothing else, so ``limit`` is not spent on the rest of the
     folder. A part reached through a link inside the folder (engines -> real_engines) is walked at its real place,
-    its findings named as the walk of the whole folder names them; one given with '..' or absolute is a ValueError."""
+    its findings named as the walk of the whole folder names them; one given with '..' or absolute is a ValueError.
+    ``skipped``: the folders the walk passed over by the rule above are added to it (walk_source's), each as its path
+    below the folder, once: those it met before it stopped (at ``limit``, or the way to ``only``)."""
     root = os.path.realpath(folder)
     if only is not None and (os.path.isabs(only) or ".." in only.split(os.sep)):
         raise ValueError(f"links_leaving: only={only!r} is not a part below the folder (absolute, or with '..')")
@@ -426,11 +429,16 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
 
     def scan(steps: Sequence[str]) -> None:
         """The walk of the folder (``steps``: only the way to that part of it, and the part), adding its findings."""
-        for top, folders, files in walk_source(root, built=True, onerror=unlisted):
+        passed: list[str] = []
+        for top, folders, files in walk_source(root, built=True, onerror=unlisted, skipped=passed):
             if len(found) >= limit:
                 return
             names = sorted([*folders, *files])
             depth = 0 if top == root else len(os.path.relpath(top, root).split(os.sep))
+            if skipped is not None:  # on the way to the part, only a step of it (the walk enters nothing else)
+                skipped.extend(below for below in (os.path.relpath(path, root) for path in passed) if below not in
+                               skipped and (depth >= len(steps) or os.path.basename(below) == steps[depth]))
+            passed.clear()
             if depth < len(steps):  # above the part: the next step on the way to it alone (os.walk enters the rest)
                 folders[:] = [name for name in folders if name == steps[depth]]
                 names = [name for name in names if name == steps[depth]]
@@ -612,8 +620,8 @@ def _inside(path: str, folder: str) -> bool:
 
 
 def describe_paths(paths: list[str], scan: Sequence[str] = (), tree: str | None = None,
-                   mounted: Sequence[str] = (), limit: int = LINKS_LISTED, only: str | None = None
-                   ) -> dict[str, dict[str, Any]]:
+                   mounted: Sequence[str] = (), limit: int = LINKS_LISTED, only: str | None = None,
+                   skipped: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Each path with every symlink resolved, and what it then is: folder, file, char-device, socket, other,
     missing (``dangling`` too where the path is a link to nothing) or inaccessible (the container policy checks what a
     mount or device really is on its host); of a folder
@@ -621,7 +629,8 @@ def describe_paths(paths: list[str], scan: Sequence[str] = (), tree: str | None 
     links that leave ``tree`` where it resolves into that tree (the project: a container has the folder as part of
     it), else of those that leave the folder; a link to a place under one of ``mounted`` (the container's other mount
     targets) is none of them. ``limit``: how many such links of a folder, as links_leaving's (vendor check names
-    every one; a round's error the first); ``only``: as links_leaving's (vendor check of one engine's folder)."""
+    every one; a round's error the first); ``only``: as links_leaving's (vendor check of one engine's folder);
+    ``skipped``: as links_leaving's, of each folder scanned (vendor check's one folder; never a round's)."""
     described: dict[str, dict[str, Any]] = {}
     real_tree = os.path.realpath(tree) if tree is not None else None
     for path in paths:
@@ -641,7 +650,7 @@ def describe_paths(paths: list[str], scan: Sequence[str] = (), tree: str | None 
         if path in scan and kind == "folder":
             within = real_tree is not None and _inside(real, real_tree)
             described[path]["links_out"] = links_leaving(real, limit, tree=tree if within else None,
-                                                           mounted=mounted, only=only)
+                                                           mounted=mounted, only=only, skipped=skipped)
             loops = [below for below, _, _ in described[path]["links_out"] if _loops(os.path.join(real, below))]
             if loops:  # a key of its own: an older controller reads the rest as before
                 described[path]["loops"] = loops

@@ -465,6 +465,20 @@ class DeferredProcess:
     log: Path
 
 
+_SAID_NO_MARKERS: set[str] = set()  # hosts whose lack of a marker folder was said (once per host and process)
+_SAID_LOCK = threading.Lock()
+
+
+def _no_markers(host: str, why: str) -> None:
+    with _SAID_LOCK:
+        if host in _SAID_NO_MARKERS:
+            return
+        _SAID_NO_MARKERS.add(host)
+    logger.warning("host %s: the controller keeps no record of which attempts ended there: %s; meanwhile every "
+                   "attempt there counts as not seen to end (later rounds at an endpoint start after its bound, not "
+                   "after what it took)", host, why)
+
+
 class SlurmHost(LocalHost):
     """One slot of a Slurm entry. Files: the shared folder, seen by the controller and the nodes alike.
     Processes: Slurm jobs (monitors are started by the round's job, beside the case)."""
@@ -489,12 +503,28 @@ class SlurmHost(LocalHost):
         """The shared folder is mounted whole into a container image's jobs (and written by the nodes): the
         controller's markers of attempts seen to end are kept in its own state folder instead (XDG_STATE_HOME, else
         ~/.local/state), one per shared folder; None (no marker: every attempt counts as not seen to end) where
-        that lies in the shared folder or a container mount."""
-        state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+        that lies in the shared folder or a container mount, or no home folder can be found; said once per host in
+        a warning naming the folder and what to set."""
+        given = os.environ.get("XDG_STATE_HOME", "")
         digest = hashlib.sha256(str(self.work_root).encode()).hexdigest()[:16]
-        root = (state / "flagperf" / "ended" / digest).resolve()
-        mounted = [self.work_root, *(Path(m.split(":")[0]) for m in self.slurm.container_mounts)]
-        return None if any(root.is_relative_to(m.resolve()) for m in mounted) else root
+        source, prefix = spec_origin(self.spec)
+        try:
+            # A relative XDG_STATE_HOME is invalid and ignored (the XDG Base Directory spec)
+            state = Path(given) if os.path.isabs(given) else Path.home() / ".local" / "state"
+            root = (state / "flagperf" / "ended" / digest).resolve()
+            mounted = [(self.work_root, f"{prefix}slurm.shared_dir"),
+                       *((Path(m.split(":")[0]), f"{prefix}slurm.container_mounts.{i}")
+                         for i, m in enumerate(self.slurm.container_mounts))]
+            inside = next((key for folder, key in mounted if root.is_relative_to(folder.resolve())), None)
+        except (RuntimeError, OSError) as exc:  # no home folder to be found (no HOME, no passwd entry), a loop of links
+            _no_markers(self.name, f"its state folder cannot be found ({exc}): set XDG_STATE_HOME to an absolute "
+                                   "folder the jobs do not mount")
+            return None
+        if inside is not None:
+            _no_markers(self.name, f"its state folder for them, {root}, lies in what the jobs can write ({source}: "
+                                   f"{inside}): set XDG_STATE_HOME to a folder outside it")
+            return None
+        return root
 
     def job_environment(self) -> dict[str, str]:
         """What sbatch gets (--export=ALL of this): the allow-listed environment, without the entry's env. Slurm
@@ -523,14 +553,17 @@ class SlurmHost(LocalHost):
 
     def container_options(self, search: SearchMounts | None = None) -> list[str]:
         """srun's pyxis options (none without slurm.container_image): the shared folder, the project (read-only),
-        the inventory's container_mounts and ``search``'s folders (read-only, under /flagperf-search)."""
+        the inventory's container_mounts and ``search``'s folders (read-only, under /flagperf-search); never the
+        user's home."""
         spec = self.slurm
         if not spec.container_image:
             return []
         mounts = [f"{spec.shared_dir}:{spec.shared_dir}", f"{self.project_root}:{self.project_root}:ro",
                   *spec.container_mounts, *(f"{m.source}:{m.target}:ro" for m in (search.all() if search else []))]
+        # Never the user's home (enroot's ENROOT_MOUNT_HOME=y mounts it read-write by default on many sites): the
+        # controller's ended markers are kept under it by default (ended_root), where no job may write them
         return [f"--container-image={spec.container_image}", f"--container-mounts={','.join(mounts)}",
-                f"--container-workdir={self.project_root}"]
+                f"--container-workdir={self.project_root}", "--no-container-mount-home"]
 
     def search_mounts(self, vendor: str, cases: Sequence[str] = ()) -> SearchMounts | None:
         """What the container (slurm.container_image) gets of the FLAGPERF_VENDOR_PATH / FLAGPERF_CASE_PATH folders

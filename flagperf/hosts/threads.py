@@ -21,6 +21,21 @@ class RoundsStopped(FlagperfError):
     """The evaluation is stopping (an interrupt): a host's thread starts nothing more."""
 
 
+class CaseStopped(RoundsStopped):
+    """The evaluation's stop ended a round's case process (a container its watcher killed), and its runtime saw it
+    end: its ``exit_code``, so that the controller records the end (tasks.container.seen_ended: the attempt's record
+    of prompt positions is final, not held at its bound), and the ``lines`` it printed (its case.log)."""
+
+    def __init__(self, message: str, exit_code: int, lines: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.lines = list(lines or [])
+
+    def __reduce__(self) -> tuple[type[CaseStopped], tuple[str, int, list[str]]]:
+        # args holds only the message: pickle (Prefect's result and state storage) and deepcopy call the class again
+        return type(self), (str(self), self.exit_code, self.lines)
+
+
 class HostThreads:
     def __init__(self) -> None:
         self._changed = threading.Condition()

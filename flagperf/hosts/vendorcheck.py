@@ -191,11 +191,31 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
     # All of the folder is in a round's container, at another path.
     for link in vendor_folder_links(vendor.folder, found.not_checkable):
         found.add_error(link)
-    for path, link in _leaving_links(vendor.folder):
+    skipped: list[str] = []
+    for path, link in _leaving_links(vendor.folder, skipped=skipped):
         # the "(and 1+ more ...)" line (no link of its own) is never one another check named
         if path is None or not _named_as_outside(path, vendor.folder, found.problems):
             found.add_error(link)
+    # __pycache__ is Python's own (a vendor's package gets one at every import): naming it in every check says
+    # nothing a vendor can act on, so only the folders a vendor made are named
+    made = [name for name in skipped if Path(name).name != "__pycache__"]
+    if made:
+        found.notes.append(_skipped_note(vendor.folder, made))
     return found
+
+
+# How many folders the note on those the link scan skips names (a vendor repository has a __pycache__ per package).
+SKIPPED_NAMED = 10
+
+
+def _skipped_note(folder: Path, skipped: list[str]) -> str:
+    """The note on the folders the link scan passed over (paths.walk_source's rule: a dot-folder, __pycache__,
+    node_modules, a Python environment), as a round's scan and the source digest pass them: not a problem for a run,
+    but a link out of the vendor folder in one is never looked at, so the vendor is told which they are."""
+    named = ", ".join(skipped[:SKIPPED_NAMED]) + (f" and {len(skipped) - SKIPPED_NAMED} more"
+                                                  if len(skipped) > SKIPPED_NAMED else "")
+    return (f"{display_path(folder)}: not scanned (skipped as in every round: {named}): links in "
+            f"{'it' if len(skipped) == 1 else 'them'} are not checked")
 
 
 def _named_as_outside(link: Path, folder: Path, problems: list[str]) -> bool:
@@ -226,27 +246,27 @@ def links_out_of_vendor_folder(folder: Path, under: str | None = None) -> list[C
     return [error for _, error in _leaving_links(folder, under)]
 
 
+# How many links out of the vendor folder the scan gathers: the named ones and one more, three times over (links by
+# an absolute path count too, and absolute_links names them).
+SCAN_LIMIT = 3 * (LINKS_NAMED + 1)
+
+
 # A relative link out of the project may land in a round's data mount, which the round lets pass; the check has no
 # inventory to know (docs/vendor-guide.md).
 _UNLESS_MOUNTED = " unless an inventory mounts that place"
 
 
-def _leaving_links(folder: Path, under: str | None = None) -> list[tuple[Path | None, ConfigError]]:
-    """links_out_of_vendor_folder's, each with the link's path (the line saying there are more: None)."""
+def _leaving_links(folder: Path, under: str | None = None, skipped: list[str] | None = None
+                   ) -> list[tuple[Path | None, ConfigError]]:
+    """links_out_of_vendor_folder's, each with the link's path (the line saying there are more: None); ``skipped``:
+    the folders the scan passed over are added to it (links_leaving's)."""
     written = str(folder)
     # One more than named: that one says the list goes on, as the round's "(and N+ more)" does. The scan counts the
-    # links by an absolute path too, which absolute_links names: where they filled it, it is looked through further
-    # (a few times at most), so that "more" means more named by neither.
-    limit = LINKS_NAMED + 1
-    used = limit
-    for _ in range(3):
-        used = limit  # the limit of the scan whose facts are kept (the loop raises it after every scan)
-        facts = PathFacts.of(describe_paths([written], scan=[written], tree=str(PROJECT_ROOT), limit=used,
-                                            only=under)[written])
-        relative = [link for link in facts.links_out if not os.path.isabs(link[1])]
-        if len(facts.links_out) < limit or len(relative) > LINKS_NAMED:
-            break
-        limit = LINKS_NAMED + 1 + len(facts.links_out) - len(relative)
+    # links by an absolute path too, which absolute_links names, so it looks further (three times as far) for "more"
+    # to mean more named by neither; where those still fill it, a line says the scan stopped.
+    facts = PathFacts.of(describe_paths([written], scan=[written], tree=str(PROJECT_ROOT), limit=SCAN_LIMIT,
+                                        only=under, skipped=skipped)[written])
+    relative = [link for link in facts.links_out if not os.path.isabs(link[1])]
     real_root = os.path.realpath(PROJECT_ROOT)
     project = (str(PROJECT_ROOT), real_root) if facts.path == real_root or facts.path.startswith(real_root + os.sep) \
         else None
@@ -261,8 +281,8 @@ def _leaving_links(folder: Path, under: str | None = None) -> list[tuple[Path | 
         found.append((None, ConfigError(given_name(scanned), None, f"(and 1+ more links that leave the vendor "
                                         f"folder, not listed: only the first {LINKS_NAMED} are named; fix these "
                                         "and check again)")))
-    elif len(facts.links_out) >= used:  # links by an absolute path filled the scan each time: the rest unseen
-        found.append((None, ConfigError(given_name(scanned), None, f"(the scan stopped at its first {used} "
+    elif len(facts.links_out) >= SCAN_LIMIT:  # links by an absolute path filled the scan: the rest unseen
+        found.append((None, ConfigError(given_name(scanned), None, f"(the scan stopped at its first {SCAN_LIMIT} "
                                         "links that leave the vendor folder, many by an absolute path: more may "
                                         "follow; fix these and check again)")))
     return found
@@ -359,16 +379,21 @@ def _check_image(vendor: Vendor, found: Findings) -> None:
     """The default framework's Dockerfile (container.dockerfile), and every other <framework>/Dockerfile: FlagPerf
     allows one per framework, but only a FlagPerf host.yaml's CASES (<case>: <framework>) chooses one; every other
     run builds the default, so another is said to be unused by them rather than silently never built."""
-    default = vendor.folder / vendor.manifest.container.dockerfile
+    default, *others = image_dockerfiles(vendor.folder, vendor.manifest.container.dockerfile)
     _check_dockerfile(default, found)
-    for other in sorted(vendor.folder.glob("*/Dockerfile")):
-        if other == Path(os.path.normpath(default)) or skipped_in_source(other.parent.name):
-            continue
+    for other in others:
         framework = other.parent.name
         found.notes.append(f"{display_path(other)}: built only for a case a FlagPerf host.yaml maps to framework "
                            f"{framework} (CASES: {{<case>: {framework}}}); every other run (an inventory, a "
                            f"test_conf.py) builds container.dockerfile ({vendor.manifest.container.dockerfile})")
         _check_dockerfile(other, found)
+
+
+def image_dockerfiles(folder: Path, dockerfile: str) -> list[Path]:
+    """The Dockerfiles vendor check checks: container.dockerfile's first, then every other <framework>/Dockerfile."""
+    default = Path(os.path.normpath(folder / dockerfile))
+    return [default] + [other for other in sorted(folder.glob("*/Dockerfile"))
+                        if other != default and not skipped_in_source(other.parent.name)]
 
 
 def _check_dockerfile(dockerfile: Path, found: Findings) -> None:
@@ -395,7 +420,8 @@ def _check_dockerfile(dockerfile: Path, found: Findings) -> None:
     for script in scripts:
         if script not in text:
             found.problem(where, f"{script} is beside the Dockerfile but the Dockerfile never uses it")
-    _check_packages_named(dockerfile, instructions, scripts, found)
+    for error in _packages_named(dockerfile, instructions, scripts, found):
+        found.add_error(error)
     if len(found.problems) == before:
         found.passed.append(f"image {where}" + (f" with {', '.join(scripts)}" if scripts else ""))
 
@@ -406,8 +432,21 @@ PACKAGES_FOLDER = "packages"
 PACKAGE_PATH = re.compile(rf"(?<![\w./$-])(?:\./)?({PACKAGES_FOLDER}/[^\s'\";|&<>()`]*)")
 
 
-def _check_packages_named(dockerfile: Path, instructions: list[Instruction], scripts: list[str],
-                          found: Findings) -> None:
+def packages_findings(dockerfile: Path, found: Findings) -> list[ConfigError]:
+    """_packages_named of a Dockerfile and the install scripts beside it (`flagperf validate` of a file of the
+    packages/ folder beside it): its problems, its notes and what it could not check go to ``found``'s notes and
+    not_checkable. The Dockerfile's own problems are vendor check's."""
+    try:  # inside its folder: one that is a link out is never read (nor quoted)
+        text = read_config_text(regular_file(dockerfile.parent, dockerfile.name, display_path(dockerfile), None,
+                                             display_path(dockerfile.parent)), what="a Dockerfile")
+    except ConfigError as exc:
+        return [exc]
+    return _packages_named(dockerfile, dockerfile_instructions(text),
+                           sorted(p.name for p in dockerfile.parent.glob("*install*.sh")), found)
+
+
+def _packages_named(dockerfile: Path, instructions: list[Instruction], scripts: list[str],
+                    found: Findings) -> list[ConfigError]:
     """Each packages/ path the Dockerfile's RUN steps or its install scripts name is in the build context (the
     Dockerfile's folder) and stays in it: the build would fail on the host, after the image's base was pulled. A
     glob (packages/*.whl, or a name with a $VARIABLE in it, read as *) needs one match. A path the build itself
@@ -416,6 +455,7 @@ def _check_packages_named(dockerfile: Path, instructions: list[Instruction], scr
     of packages/ are the vendor folder's link scans' (whole); a script that is a link is theirs too."""
     context = dockerfile.parent
     shown = display_path(context)
+    errors: list[ConfigError] = []
     sources = [(display_path(dockerfile), [(step.line, line) for step in instructions if step.keyword == "RUN"
                                            for _, line in shell_lines(step.text)])]
     for script in scripts:
@@ -442,16 +482,17 @@ def _check_packages_named(dockerfile: Path, instructions: list[Instruction], scr
         if path is None or writes.made(path):  # the shell decides it (${X:-y}, $(...)), or the build writes it
             continue
         if not is_under(os.path.realpath(context / path), os.path.realpath(context)):
-            found.problem(where, f"line {number}: names {name}, which leads out of {shown} (the build sees only its "
-                                 "own folder)")
+            errors.append(ConfigError(where, None, f"line {number}: names {name}, which leads out of {shown} (the "
+                                      "build sees only its own folder)"))
         elif not (any(context.glob(path)) if re.search(r"[*?\[]", path) else os.path.exists(context / path)):
             if writes.downloads:
                 found.notes.append(f"{where}: line {number}: names {name}, which is not in {shown}: the build "
                                    "downloads files (wget, curl, pip download), so it may be one of them; if not, "
                                    f"FlagPerf's {PACKAGES_FOLDER}/ goes beside the Dockerfile")
             else:
-                found.problem(where, f"line {number}: names {name}, which is not in {shown} (FlagPerf's "
-                                     f"{PACKAGES_FOLDER}/ goes beside the Dockerfile)")
+                errors.append(ConfigError(where, None, f"line {number}: names {name}, which is not in {shown} "
+                                          f"(FlagPerf's {PACKAGES_FOLDER}/ goes beside the Dockerfile)"))
+    return errors
 
 
 def _check_monitor(vendor: Vendor, name: str, command: list[str], seconds: float, found: Findings, *,
@@ -800,7 +841,8 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
     used += [f"scale {name}" for name in scales]
     _note_missing_scales(case.family, place.folder, str(vendor.manifest.hardware), scales, problems, found)
     if place.present and case.family == "training":  # the one family that reads scale files
-        _check_readme_scales(place.folder, str(vendor.manifest.hardware), found)
+        for error in readme_scale_findings(place.folder, str(vendor.manifest.hardware), found):
+            found.add_error(error)
     problems = adaptation_problems(case.folder, case.family, vendor.name, vendor.folder)
     for problem in problems:  # every part's, not only the first a run would stop at; each part's findings
         found.add_error(problem)
@@ -834,18 +876,25 @@ README_SCALE = re.compile(r"(?<![A-Za-z0-9_./:-])(?:\./|config/)?(config_[A-Za-z
 README_NAME = re.compile(r"README(?:[._-][A-Za-z]{2}(?:[_-][A-Za-z]{2})?)?(?:\.(?:md|txt|rst))?", re.IGNORECASE)
 
 
-def _check_readme_scales(folder: Path, hardware: str, found: Findings) -> None:
+def readme_scale_findings(folder: Path, hardware: str, found: Findings,
+                          only: Path | None = None) -> list[ConfigError]:
     """Each scale file of the vendor's hardware a README of the vendor's folder of the case names is there (as .yaml
     or .py: a README brought from FlagPerf names config_<hw>x1x8.py): results it reports at a scale the folder has no
     file for were not taken with the settings it ships. Another hardware's file (a comparison with NVIDIA's) is not
     this folder's. Only names are compared; the README is read as text, bounded; one that is a link is left to the
-    link scans, and one not readable as text is not checkable here."""
+    link scans, and one not readable as text is not checkable here (``found``'s not_checkable). ``only``: that
+    README alone (`flagperf validate` of it)."""
+    errors: list[ConfigError] = []
     try:
-        readmes = sorted(p for p in folder.iterdir() if README_NAME.fullmatch(p.name))
+        readmes = sorted(p for p in folder.iterdir()
+                         if README_NAME.fullmatch(p.name) and (only is None or p.name == only.name))
     except OSError:  # a link to no folder: the adaptation's own checks say so
-        return
+        return errors
     for readme in readmes:
         if readme.is_symlink():  # read through a link, a file elsewhere would be quoted here
+            if only is not None:  # validate of it: said, not passed as ok
+                found.not_checkable.append(f"{display_path(readme)}: a link, not read (the vendor folder's link "
+                                           "scans say where it leads); the scale files it names are not checked")
             continue
         try:
             text = read_config_text(regular_file(folder, readme.name, display_path(readme), None, display_path(folder)),
@@ -859,10 +908,10 @@ def _check_readme_scales(folder: Path, hardware: str, found: Findings) -> None:
                 continue
             stem = name.rsplit(".", 1)[0]
             if not any(is_present(folder / f"{stem}.{suffix}") for suffix in ("yaml", "py")):
-                found.problem(display_path(readme), f"names {name}, which {display_path(folder)} does not have "
-                                                    f"({stem}.yaml or .py): the results it reports at that scale are "
-                                                    "not reproducible from the folder; add the file or correct the "
-                                                    "README")
+                errors.append(ConfigError(display_path(readme), None, f"names {name}, which {display_path(folder)} "
+                                          f"does not have ({stem}.yaml or .py): the results it reports at that scale "
+                                          "are not reproducible from the folder; add the file or correct the README"))
+    return errors
 
 
 def _note_missing_scales(family: str, folder: Path, hardware: str, read: list[str], refused: list[ConfigError],

@@ -13,7 +13,7 @@ from flagperf.config.engines import checked_engine_manifest, engine_folders, roo
 from flagperf.config.memory import MemoryNeed
 from flagperf.config.models import HIDDEN_INPUT, KEY_OF_MODEL_ERROR, CaseConfig
 from flagperf.config.vendors import available_vendors
-from flagperf.errors import ConfigError, validation_message
+from flagperf.errors import ConfigError, FlagperfError, validation_message
 from flagperf.measure.inductor_modes import CUDA_GRAPH_MODES, INDUCTOR_MODE_HELP, InductorMode
 from flagperf.operation.manifest import (
     IMPLEMENTATIONS_FOLDER,
@@ -318,6 +318,9 @@ class OperationConfig(CaseConfig):
         else:
             # a vendor not installed here is judged by its own folder alone, never by another vendor's of the name;
             # a case's defaults (engine_roots None) by every installed vendor's
+            union = engine_roots is None and self.implementations is None
+            if union and self.inductor_mode == "default":
+                return  # nothing to ask of every installed vendor's implementations (their files are vendor check's)
             roots = ([engine_folders(v, IMPLEMENTATIONS_FOLDER) for v in available_vendors()] if engine_roots is None
                      else [root_engines(root, IMPLEMENTATIONS_FOLDER) for root in engine_roots])
             if self.implementations is not None:
@@ -328,11 +331,16 @@ class OperationConfig(CaseConfig):
                     return  # no implementation known here: whether one reads the mode is known with the vendor
             # each folder named, checked as the plan checks it: a broken engine.yaml is that file's error (its key),
             # never taken as a manifest without options and blamed on the case's inductor_mode
-            declared = [{name: checked_engine_manifest(folders[name], ImplementationManifest)
-                         for name in names if name in folders} for folders in roots]
-            if not all(any(name in found for found in declared) for name in names):
+            read = [{name: _readable_manifest(folders[name], skip_broken=union) for name in names if name in folders}
+                    for folders in roots]
+            declared = [{name: m for name, m in found.items() if m is not None} for found in read]
+            if not all(any(name in found for found in read) for name in names):
                 return  # one of them is in no folder read here: whether it reads the mode is known with the vendor
             readers = {name for found in declared for name, m in found.items() if INDUCTOR_MODE in m.options}
+            if not readers and any(None in found.values() for found in read):
+                # read across every installed vendor for a case's defaults, one engine.yaml is broken (that vendor's
+                # finding, not the case's): whether it reads the mode is unknown here
+                return
         if self.inductor_mode != "default" and not readers:
             compared = f"{', '.join(names) or 'none'}{f' of vendor {vendor}' if vendor else ''}"
             order = list(origins)  # in the order the layers set them (resolve_case_config)
@@ -350,6 +358,17 @@ class OperationConfig(CaseConfig):
                               f"compared ({compared}) reads it (their engine.yaml lists no {INDUCTOR_MODE} under "
                               "options): it would change nothing (set inductor_mode: default, or list one that "
                               "compiles, such as compile)")
+
+
+def _readable_manifest(folder: Path, skip_broken: bool) -> ImplementationManifest | None:
+    """The implementation's engine.yaml, checked; None where it is broken and ``skip_broken`` (the case's defaults
+    read against every installed vendor: one vendor's broken file is not an error of the case)."""
+    try:
+        return checked_engine_manifest(folder, ImplementationManifest)
+    except FlagperfError:
+        if skip_broken:
+            return None
+        raise
 
 
 def plan_points(config: OperationConfig) -> list[PlannedPoint]:

@@ -154,8 +154,20 @@ def not_a_file(files: list[Path], option: str = "history_url") -> None:
     """A SQLite history (``files``, sqlite_files') that is there but no regular file is refused (ConfigError): a
     folder is an I/O error to SQLite, a FIFO blocks or fails, /dev/zero reads as an empty database that a night
     would then write to, and a reader would take any of them for no history at all."""
-    if files and os.path.lexists(files[0]) and not files[0].is_file() and not link_to_nothing(files[0]):
+    if files and os.path.lexists(files[0]) and not is_history_file(files[0]) and not link_to_nothing(files[0]):
         raise ConfigError(option, None, f"{files[0]}: not a regular file, so not a SQLite database")
+
+
+def is_history_file(path: Path) -> bool:
+    """Whether the SQLite history ``path`` is a regular file (following links; a link to nothing or a loop is not);
+    FlagperfError, one line naming it and why, where it cannot be looked at (Path.is_file lets EACCES through: a link
+    into a folder this user cannot enter), which the site's trends page says as a 503, the CLI as its error line."""
+    try:
+        return path.is_file()
+    except OSError as exc:
+        target = os.path.realpath(path)  # where the refusal lies: the link's target, not the link
+        there = f" (a link to {target})" if target != os.path.abspath(path) else ""
+        raise FlagperfError(f"the history {path}{there} cannot be read: {exc.strerror or exc}") from None
 
 
 def link_to_nothing(path: Path) -> bool:
@@ -230,7 +242,7 @@ def history_reader(url: str | None = None, results_dir: str | Path = "results") 
     url = _checked_url(url, results_dir)
     files = sqlite_files(url, results_dir)
     if files:
-        if not files[0].is_file():  # follows links: a link to nothing (or a loop) is no history to read
+        if not is_history_file(files[0]):  # follows links: a link to nothing (or a loop) is no history to read
             return None
         # A file: URI built by pathlib (percent-encoded): a '#' or '%' in the path written into the URL as it is
         # would end its name there ('#') or be decoded ('%41'), and SQLite would make another file, read-write.

@@ -217,7 +217,8 @@ def method_lines(results: Iterable[RoundResult]) -> list[str]:
             continue
         op = result.operation
         found = cases.setdefault(result.case, {"timing": {}, "flush": {}, "graphs": {}, "impls": {}, "roofline": {},
-                                               "iterations": {}, "warmup": {}, "energy": {}, "notes": {}})
+                                               "iterations": {}, "warmup": {}, "energy": {}, "notes": {},
+                                               "names": {}})
         found["timing"][op.timing] = None
         found["flush"][op.flush] = None
         found["graphs"][op.graphs] = None
@@ -225,7 +226,9 @@ def method_lines(results: Iterable[RoundResult]) -> list[str]:
             found["energy"][op.energy] = None
         for name, text in op.implementations.items():
             found["impls"][f"{name}: {text}"] = None
+            found["names"][name] = None
         for point in op.points:
+            found["names"][point.implementation] = None  # one whose every point was skipped: checked on none
             if point.status == "passed" and point.roofline is None and point.roofline_basis:
                 found["roofline"][point.roofline_basis] = None
             if point.status == "passed" and point.note:  # what a passed point lacks (its host loop ran out of memory)
@@ -254,17 +257,21 @@ def method_lines(results: Iterable[RoundResult]) -> list[str]:
                      + counts)
         lines += [f"  - {md_text(impl)}" for impl in found["impls"]]
         if against.get(case):
+            names = list(found["names"])
             lines.append("  - checked against: " + "; ".join(
-                f"{md_text(kind)} ({_pairs(by_impl)})" for kind, by_impl in against[case].items()))
+                f"{md_text(kind)} ({_pairs(by_impl, names)})" for kind, by_impl in against[case].items()))
         lines += [f"  - % of roofline not computed: {md_text(why)}" for why in found["roofline"]]
         lines += [f"  - {md_text(note)}" for note in found["notes"]]
     return [*lines, ""] if lines else []
 
 
-def _pairs(by_impl: dict[str, int]) -> str:
-    """"8 point-implementation pairs: native 4, compile 4": the count, then each implementation's share."""
+def _pairs(by_impl: dict[str, int], names: list[str]) -> str:
+    """"8 point-implementation pairs: native 4, compile 4, flaggems 0": the count, then each implementation's share,
+    every one of the case's (``names``) listed: one with none of this kind (its points skipped, or checked another
+    way) says 0 rather than going unsaid."""
     count = sum(by_impl.values())
-    shares = ", ".join(f"{md_text(name)} {by_impl[name]}" for name in sorted(by_impl, key=lambda n: n != BASELINE))
+    every = sorted(dict.fromkeys([*names, *by_impl]), key=lambda n: n != BASELINE)
+    shares = ", ".join(f"{md_text(name)} {by_impl.get(name, 0)}" for name in every)
     return f"{count} point-implementation pair{'s' if count != 1 else ''}: {shares}"
 
 

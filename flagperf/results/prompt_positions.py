@@ -32,8 +32,9 @@ whose case process its runtime saw end, by the controller's own marker, ``CONTRO
 bound: it may still be sending), else after the most they may have taken: worked out from its configuration where the
 host can (flagperf.generate.serve.stream_start). Once its round's folder, with its records, is
 stored in the run folder, a reservation is closed (renamed ``collected-<id>.json``: kept, since an open one that
-started after it is worked out from it); so is one whose reach lies within what the run folder's records say was
-taken on its stream (``close_passed``: a later round started after it). The records a half round left on its host are
+started after it is worked out from it); so is one whose kept reach lies within what the run folder's records say
+was taken on its stream (``close_passed``: a later round started after it; never on a reach a later round's case
+wrote, its serving.json's). The records a half round left on its host are
 kept in ``prompt_positions/recovered-<id>.json`` (records as above) before its folder there is removed, and its
 reservation closed where every attempt's record was read.
 """
@@ -253,15 +254,17 @@ def close(run_dir: Path, reservation: Reservation) -> None:
     sync_folder(folder)
 
 
-def close_passed(run_dir: Path, reaches: dict[str, Reach]) -> list[Reservation]:
-    """Close the open reservations whose reach (kept beside them, else ``reaches``: by id, as a round that started
-    after them worked them out) lies within what the run folder's records say was taken on its stream: every later
-    round starts past it anyway, so it bounds nothing more, and no later round pays for working it out again. Returns
-    those closed (a close that fails leaves one open, which only costs that)."""
+def close_passed(run_dir: Path) -> list[Reservation]:
+    """Close the open reservations whose reach, kept beside them by the controller (``keep_reach``), lies within what
+    the run folder's records say was taken on its stream: every later round starts past it anyway, so it bounds nothing
+    more, and no later round pays for working it out again. One without a kept reach stays open (later rounds keep
+    working it out: they skip further, never resend): what a later round's case wrote of it (serving.json's
+    ``reservation_reaches``) is case-written, and a forged ``upto`` of 0 would close a lost round's reservation.
+    Returns those closed (a close that fails leaves one open, which only costs that)."""
     taken = positions_taken(run_dir)
     closed = []
     for reservation in reservations(run_dir):
-        reach = reservation.reach or reaches.get(reservation.id)
+        reach = reservation.reach
         if reservation.open and reach is not None and taken.get(reach.stream, 0) >= reach.upto:
             with contextlib.suppress(OSError):
                 close(run_dir, reservation)

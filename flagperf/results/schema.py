@@ -27,6 +27,9 @@ SCHEMA_VERSION = 1
 RESULT_FILE = "result.json"
 MONITOR_FILE = "monitor.jsonl"
 CASE_LOG_FILE = "case.log"
+# The planner's limits (a suite's rounds and --rounds; a case's nnodes): a plan.json beyond them is not one it wrote
+MAX_ROUNDS = 100
+MAX_NNODES = 1024
 # How the case process logs (python -m flagperf.entry): the controller relays each line at the level it names.
 CASE_LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 # (a round that measures every device marks each device process's lines with "[device N] ")
@@ -445,7 +448,10 @@ def node_groups(config: dict[str, Any], names: list[str]) -> list[list[str]]:
     client = endpoint.get("client_host") if isinstance(endpoint, dict) else None
     if client is not None and client in names:
         return [[client]]
-    nnodes = int(config.get("nnodes", 1))
+    nnodes = config.get("nnodes", 1)
+    # a whole number the planner allows: 1e999 (a float) or 3.5 is no count of hosts; ValueError, as int() raised
+    if isinstance(nnodes, bool) or not isinstance(nnodes, int) or not 1 <= nnodes <= MAX_NNODES:
+        raise ValueError(f"nnodes must be a whole number from 1 to {MAX_NNODES}, got {nnodes!r}")
     return [names[:nnodes]] if nnodes > 1 else [[name] for name in names]
 
 

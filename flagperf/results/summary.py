@@ -43,6 +43,7 @@ from flagperf.results.operators import (
 )
 from flagperf.results.schema import (
     ESTIMATED_PEAK_LEGEND,
+    MAX_ROUNDS,
     RESULT_FILE,
     UPPER_ESTIMATE,
     Metric,
@@ -179,22 +180,48 @@ def every_result_read(summary: RunSummary, source: str, where: str | None, advic
     return summary
 
 
+# Why a planned host round has no result, in the report's words (progress_line): the kind run_progress gives it
+# (measured, stopped, not_started) where the run was interrupted, else whether the run is finished
+UNCOLLECTED = {"measured": "measured, kept on the host: a retry collects it",
+               "stopped": "stopped while running (the run was interrupted)",
+               "not_started": "not started (the run was interrupted)"}
+
+
 def hosts_left_out(run_dir: Path, summary: RunSummary) -> str | None:
     """One line naming the host rounds a run's figures leave out, None where none is: a host's round folder with no
-    result.json (the round never finished there, so nothing was collected; an attempt's failure.txt is kept only for
-    a round that was retried), and a result that is no success (failed or unsupported, as its report says). Said by
-    compare and diagnose, which otherwise average or judge the other hosts as though they were all."""
-    found = [f"{folder.name} ({folder.parent.parent.name} {folder.parent.name}: no {RESULT_FILE})"
-             for folder in sorted(run_dir.glob("*/round*/*_noderank*"))
-             if ROUND_FOLDER.fullmatch(folder.name) and folder.is_dir() and not os.path.lexists(folder / RESULT_FILE)]
-    # A round the plan gave a host that never got its folder (never started there: the run stopped, or its case
-    # failed before that host): the glob above cannot see what is not there. Only a plan naming its hosts says so.
+    result.json, a round the plan gave a host that has no folder, each with why where the run's records say it
+    (measured and kept on the host, stopped or not started by an interrupt, a run not finished yet), and a result that
+    is no success (failed or unsupported, as its report says). Said by compare and diagnose, which otherwise average
+    or judge the other hosts as though they were all."""
+    interrupted, kind = round_kinds(run_dir)
+    # No interruption record and no summary.json (a run's last step writes it): the run may still be going, so a
+    # round without a result may yet get one; with summary.json it ended, and one with no folder never ran there
+    ended = interrupted is None and os.path.isfile(run_dir / SUMMARY_JSON)
+
+    def why(case: str, round_no: int, host: str, rank: int, folder: bool) -> str:
+        if interrupted is not None:  # a folder of a round not started is one the stop left without a result
+            which = kind(case, round_no, host, rank)
+            return f"no {RESULT_FILE}" if folder and which == "not_started" else UNCOLLECTED[which]
+        unfinished = f"the run is not finished (no {SUMMARY_JSON})"
+        if folder:  # an attempt's failure.txt is kept only for a round that was retried: nothing else to read
+            return f"no {RESULT_FILE}" if ended else f"no {RESULT_FILE} (yet): {unfinished}"
+        return "no folder, never run there" if ended else f"not run (yet): {unfinished}"
+
+    found = []
+    for folder in sorted(run_dir.glob("*/round*/*_noderank*")):
+        if ROUND_FOLDER.fullmatch(folder.name) and folder.is_dir() and not os.path.lexists(folder / RESULT_FILE):
+            host, _, rank = folder.name.rpartition("_noderank")
+            case, round_name = folder.parent.parent.name, folder.parent.name
+            round_no = int(round_name[5:]) if round_name[5:].isdigit() else -1
+            found.append(f"{folder.name} ({case} {round_name}: {why(case, round_no, host, int(rank), True)})")
+    # A round the plan gave a host that never got its folder (the run stopped, or its case failed before that host,
+    # or it has not got there yet): the glob above cannot see what is not there. Only a plan naming its hosts says so.
     plan = planned_rounds(run_dir)
     if plan is not None and plan[3]:
-        found += [f"{host}_noderank{rank} ({case} round{round_no}: no folder, never run there)"
+        found += [f"{host}_noderank{rank} ({case} round{round_no}: {why(case, round_no, host, rank, False)})"
                   for case, round_no, host, rank in plan[0]
                   # names as a folder's (a plan.json is a run folder's file: never a path out of the run)
-                  if ROUND_FOLDER.fullmatch(f"{host}_noderank{rank}") and CASE_FOLDER.fullmatch(str(case))
+                  if ROUND_FOLDER.fullmatch(f"{host}_noderank{rank}") and CASE_FOLDER.fullmatch(case)
                   and not os.path.lexists(round_dir(run_dir, case, round_no, host, rank))]
     found += [f"{e['host']} ({e['case']} round{e['round']}: {e['status']})" for e in summary.not_measured]
     if not found:
@@ -608,18 +635,47 @@ def planned_rounds(run_dir: Path) -> tuple[list[tuple[str, int, str, int]], int,
     hosts_per_case: list[int] = []  # the records of one round of each case: its hosts (an nnodes case's nodes)
     try:
         plan = read_json_file(run_dir / PLAN_JSON, what="a run's plan")  # bounded; a FIFO is refused, not read
-        named = [h["name"] for h in plan.get("hosts") or []]
+        rounds = plan["rounds"]
+        # A whole number the planner allows: 1e999 would overflow int(), 3,000,000 build a list of millions
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds <= MAX_ROUNDS:
+            return None
+        # Names as this engine writes them, strings: a plan.json's whole number or true/false is no folder's name
+        # (and would not join a path), so it is left out as a name the run never used
+        named = [name for h in plan.get("hosts") or [] if isinstance(name := h["name"], str)]
         hosts = named or ["local"]
         for case in plan["cases"]:
+            if not isinstance(case["name"], str):
+                continue
             groups = node_groups(case.get("config") or {}, hosts)
             hosts_per_case.append(sum(len(group) for group in groups))
-            for round_no in range(1, int(plan["rounds"]) + 1):
+            for round_no in range(1, rounds + 1):
                 planned += [(case["name"], round_no, host, rank) for group in groups
                             for rank, host in enumerate(group)]
-        rounds = int(plan["rounds"])
-    except (FlagperfError, KeyError, TypeError, ValueError, AttributeError):
+    except (FlagperfError, KeyError, TypeError, ValueError, AttributeError, OverflowError):
         return None
     return planned, rounds, hosts_per_case, bool(named)
+
+
+def round_kinds(run_dir: Path) -> tuple[dict[str, Any] | None, Callable[[str, int, str, int], str]]:
+    """The run's interruption record (None where it was not interrupted, or the record is unreadable), and what a
+    round with no result is by it: "measured" (kept on its host, a retry collects it), "stopped" (running when the
+    run was stopped) or "not_started"."""
+    try:
+        interrupted = read_json_file(run_dir / INTERRUPTED_FILE, what="a run's interruption record")
+    except FlagperfError:
+        interrupted = None
+    if not isinstance(interrupted, dict):
+        interrupted = None
+    running = interrupted.get("running") if interrupted else None  # [case, round] in flight at the stop
+    running = tuple(running) if isinstance(running, list) else ()
+    # Measured on their host but not collected when the run was stopped: a retry collects them, not lost.
+    on_host = {tuple(r) for r in (interrupted or {}).get("measured_on_host") or ()
+               if isinstance(r, list) and all(isinstance(v, str | int) for v in r)}
+
+    def kind(case: str, round_no: int, host: str, rank: int) -> str:
+        return ("measured" if (case, round_no, host, rank) in on_host
+                else "stopped" if (case, round_no) == running else "not_started")
+    return interrupted, kind
 
 
 def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
@@ -632,20 +688,13 @@ def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
         return {}
     planned, rounds, hosts_per_case, _ = plan
     done = {(r.case, r.round, r.host, r.node_rank) for r in results}
-    try:
-        interrupted = read_json_file(run_dir / INTERRUPTED_FILE, what="a run's interruption record")
-    except FlagperfError:
-        interrupted = None
-    running = tuple((interrupted or {}).get("running") or ())  # (case, round) in flight when it was stopped
-    # Measured on their host but not collected when the run was stopped: a retry collects them, not lost.
-    on_host = {tuple(r) for r in (interrupted or {}).get("measured_on_host") or ()
-               if isinstance(r, list) and all(isinstance(v, str | int) for v in r)}
+    interrupted, kind = round_kinds(run_dir)
     progress: dict[str, Any] = {"planned": len(planned), "planned_as": _planned_as(rounds, hosts_per_case),
                                 "done": sum(p in done for p in planned), "measured": [],
                                 "kept_on": [], "stopped": [], "not_started": [], "interrupted": interrupted}
     for c, n, h, k in planned:
         if (c, n, h, k) not in done:
-            which = "measured" if (c, n, h, k) in on_host else "stopped" if (c, n) == running else "not_started"
+            which = kind(c, n, h, k)
             progress[which].append(f"{c} round {n} on {h}" + (f" (node {k})" if k else ""))
             if which == "measured" and h not in progress["kept_on"]:
                 progress["kept_on"].append(h)

@@ -148,8 +148,12 @@ class HostCheck:
         listening = (scope.get("server") or (None, None))[1]
         if not self.own_port or (listening is not None and host_port(scope) == listening):
             return None
-        return (f"{REBINDING}: Host {_given_host(scope)!r} names another port than this server's ({listening}); open "
-                "it by the address its banner shows\n")
+        given = _given_host(scope)
+        if ":" in given.rsplit("]", 1)[-1]:  # after an IPv6 address's bracket: its own colons are no port
+            said = "names another port than this server's" + (f" ({listening})" if listening is not None else "")
+        else:
+            said = "names no port" + (f" (this server listens on {listening})" if listening is not None else "")
+        return f"{REBINDING}: Host {given!r} {said}; open it by the address its banner shows\n"
 
 
 def _given_host(scope: Scope) -> str:
@@ -199,12 +203,7 @@ def own_origin(scope: Scope, addresses: Iterable[str]) -> str:
     scheme = str(scope.get("scheme") or "http")
     scheme = {"ws": "http", "wss": "https"}.get(scheme, scheme)  # a websocket's handshake: its page's scheme
     origin = origin_of(f"{scheme}://{hosts[0].decode('latin-1')}")
-    parts = urlsplit(origin)
-    try:
-        port = parts.port or {"http": 80, "https": 443}.get(scheme)
-    except ValueError:
-        return ""
-    if not origin or port != server[1] or bracketed(parts.hostname or "") not in set(addresses):
+    if not origin or host_port(scope) != server[1] or bracketed(urlsplit(origin).hostname or "") not in set(addresses):
         return ""
     return origin
 

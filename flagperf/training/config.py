@@ -11,12 +11,13 @@ from pydantic import Field
 
 from flagperf.config.files import LocalPath as LocalPath  # a local file or none (checked where the config is read)
 from flagperf.config.models import CaseConfig
+from flagperf.results.schema import MAX_NNODES
 
 
 class TrainingConfig(CaseConfig):
     """Keys of every training case (values in case.yaml)."""
 
-    nnodes: int = Field(ge=1, le=1024)
+    nnodes: int = Field(ge=1, le=MAX_NNODES)
     nproc_per_node: int = Field(ge=1, le=64)
     max_epochs: int = Field(ge=1)
     log_freq: int = Field(ge=1, description="a STEP_END event every log_freq steps (and at step 1); the loss "

@@ -602,3 +602,68 @@ def test_an_interrupt_does_not_cancel_a_dispatched_run_that_ended_after_it_was_r
         cancel_dispatched(ReadBeforeTheEnd(), spec, run.id, "host-round/host-round")  # type: ignore[arg-type]
         state = client.read_flow_run(run.id).state
     assert state is not None and state.is_completed() and state.message == "measured", state
+
+
+def test_a_round_the_interrupt_stopped_ends_cancelled_and_is_not_retried(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round in a host's thread whose SSH channel the interrupt closed (its command fails with an SshError once the
+    stop is set): its host-round subflow and its run_case task end Cancelled (grey in the UI), not Failed (red); the
+    task is not retried (max_retries=2), no result is written, and run_node reads the RoundsStopped back from the
+    subflow's state. On the session's server, whose task-run states arrive as events recorded in the background:
+    read until final, never right after the flow returns."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flagperf.config.plan import PLAN_FILE, plan_run
+    from flagperf.hosts.inventory import HostSpec
+    from flagperf.hosts.local import LocalHost
+    from flagperf.hosts.ssh import SshError
+    from flagperf.hosts.threads import HOST_THREADS, HostThreads, RoundsStopped
+    from flagperf.results.schema import RESULT_FILE, round_dir
+    from flows import host_round as host_round_module
+
+    threads = HostThreads()
+    calls: list[list[str]] = []
+
+    class ClosedByInterrupt(LocalHost):
+        def run(self, argv, *, timeout, log_path=None, on_line=None, pid_file=None):  # type: ignore[no-untyped-def]
+            if pid_file is None:  # not the case's command
+                return super().run(argv, timeout=timeout, log_path=log_path, on_line=on_line)
+            calls.append(argv)
+            threads.stop()  # Ctrl-C arrives, and close_hosts() closes the channel under the command
+            raise SshError("fp-h1: the SSH connection was closed")
+
+    spec = HostSpec.model_validate({"name": "a", "transport": "local", "runtime": "process",
+                                    "work_root": str(tmp_path / "a")})
+    host = ClosedByInterrupt(name="a", work_root=tmp_path / "a")
+    monkeypatch.setattr(host_round_module, "open_host", lambda spec, on_host=False: host)
+    plan = plan_run(cases=["computation-FP32"], sets=["max_retries=2"], results_dir=tmp_path / "results",
+                    run_id="run-a")
+    case = plan.cases[0]
+    assert case.max_retries == 2
+    plan.run_dir.mkdir(parents=True)
+    (plan.run_dir / PLAN_FILE).write_text(plan.model_dump_json())  # as the evaluation writes it
+    token = HOST_THREADS.set(threads)
+    try:
+        state = host_round_module.host_round(run_dir=str(plan.run_dir), case=case.name, round_no=1,
+                                             host=spec.model_dump(mode="json"), image={}, return_state=True)
+    finally:
+        HOST_THREADS.reset(token)
+    assert state.is_cancelled(), state
+    stopped = state.result(raise_on_failure=False)  # what run_node reads back
+    assert isinstance(stopped, RoundsStopped) and isinstance(stopped.__cause__, SshError), stopped
+    assert "round1@a: stopped (SshError: fp-h1: the SSH connection was closed)" in (state.message or ""), state
+    flow_run_id = state.state_details.flow_run_id
+    assert wait_final(flow_run_id).state.is_cancelled()  # type: ignore[union-attr]
+    deadline = time.monotonic() + 300  # a guard against a hang: the server records the task's states meanwhile
+    with get_client(sync_client=True) as client:
+        while True:
+            task_runs = [run for run in client.read_task_runs(flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=[flow_run_id]))) if run.name.startswith("run_case[")]
+            if task_runs and all(run.state is not None and run.state.is_final() for run in task_runs):
+                break
+            assert time.monotonic() < deadline, task_runs
+            time.sleep(0.5)
+    (task_run,) = task_runs
+    assert task_run.state is not None and task_run.state.is_cancelled(), task_run.state
+    assert task_run.run_count == 1 and len(calls) == 1  # not retried
+    assert not (round_dir(plan.run_dir, case.name, 1, "a", 0) / RESULT_FILE).exists()

@@ -1,4 +1,4 @@
-# Sourced by leftovers.sh and up.sh: whether a test session is gone. A session is its pytest process, named by its
+# Sourced by leftovers.sh and slurm-leftovers.sh (up.sh runs both): whether a test session is gone. A session is its pytest process, named by its
 # pid and that process's start time (field 22 of /proc/PID/stat, clock ticks since boot; tests/testbed/bed.py
 # session_id): the pid alone may be another process's by now (pids are reused), the pair never is.
 # Its containers carry the owner label <bed owner>.<pid>.<start> (an older session's: <bed owner>.<pid>); its Slurm

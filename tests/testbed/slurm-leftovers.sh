@@ -6,6 +6,11 @@
 #                              drained or down by a gone session or for a reason of Slurm's own (not responding, a
 #                              kill that failed), "keep NODE WHY" for one a live session drained, or a test session of
 #                              an older checkout (flagperf_test_drain_ with no tag: it may be live); nothing for others
+#   slurm-leftovers.sh states [KEPT_NODE...]
+#                              stdin "NODE STATE" (sinfo -h -N -o '%N %T'), once the leftovers are gone: prints "idle NODE"
+#                              for a node up.sh's step checks, "busy NODE" for one in a live session's use (mixed,
+#                              allocated, or planned: held for a pending job) or kept drained (KEPT_NODE), "wait NODE
+#                              STATE" for any other (completing, not registered yet): the cluster is settled without one
 # Another session testing on this bed right now keeps its jobs and the node it drained on purpose.
 set -euo pipefail
 # shellcheck source=sessions.sh
@@ -28,5 +33,14 @@ case "${1:-}" in
       fi
       printf 'resume %s\n' "$node"
     done ;;
-  *) echo "usage: slurm-leftovers.sh jobs|nodes" >&2; exit 2 ;;
+  states)
+    shift
+    kept=" $* "
+    while read -r node state; do
+      [ -n "$node" ] || continue
+      if [ "$state" = idle ]; then printf 'idle %s\n' "$node"
+      elif [[ "$state" =~ ^(mixed|allocated|planned)$ || "$kept" == *" $node "* ]]; then printf 'busy %s\n' "$node"
+      else printf 'wait %s %s\n' "$node" "$state"; fi
+    done ;;
+  *) echo "usage: slurm-leftovers.sh jobs|nodes|states [KEPT_NODE...]" >&2; exit 2 ;;
 esac

@@ -90,8 +90,9 @@ OWNER=$(cat "$STATE/owner")
 [[ "$OWNER" =~ ^flagperf-testbed-[0-9a-f]{16}$ ]] || die "$STATE/owner holds '$OWNER', not an owner up.sh made (remove it)"
 # Rounds and probes a killed earlier test run left on this bed (the tests start from none of theirs). Only this
 # bed's (the engine may be shared with other flagperf deployments, whose containers are none of ours), and of
-# those only one whose session (the pid in its label, OWNER.<pid>) is gone: another session testing on this bed
-# right now keeps its containers, started or not (leftovers.sh).
+# those only one whose session (the pid and start in its label, OWNER.<pid>.<start>; an older session's
+# OWNER.<pid>) is gone: another session testing on this bed right now keeps its containers, started or not
+# (leftovers.sh, sessions.sh).
 docker ps -a --filter label=org.flagperf.owner --format '{{.ID}} {{.State}} {{.Label "org.flagperf.owner"}}' \
   | "$HERE/leftovers.sh" "$OWNER" | xargs -r docker rm -f >/dev/null \
   || log "not all leftover containers of $OWNER removed (docker ps -a --filter label=org.flagperf.owner lists them)"
@@ -458,7 +459,8 @@ for i in $(seq "$SLURM_NODES"); do
 done
 # Jobs a killed test session left, nodes it left drained: only a gone session's (slurm-leftovers.sh). Another
 # session testing on this bed right now keeps its jobs and the node it drained on purpose.
-timeout 30 squeue -h -p "$SLURM_PARTITION" -o '%i %j' 2>/dev/null | "$HERE/slurm-leftovers.sh" jobs \
+# Pending and running ones only: a completing job is already ending, and scancel of it fails (a false warning)
+timeout 30 squeue -h -p "$SLURM_PARTITION" -t PD,R -o '%i %j' 2>/dev/null | "$HERE/slurm-leftovers.sh" jobs \
   | xargs -r timeout 30 scancel 2>/dev/null || log "not every Slurm job of a gone test session cancelled (squeue lists them)"
 kept=" "  # nodes a live session drained: not waited for, not checked below
 while read -r verdict node why; do
@@ -468,17 +470,17 @@ while read -r verdict node why; do
     kept+="$node "; log "Slurm node $node kept drained: $why"
   fi
 done < <(timeout 10 sinfo -h -N -p "$SLURM_PARTITION" -o '%N|%T|%E' 2>/dev/null | sort -u | "$HERE/slurm-leftovers.sh" nodes)
-# Every node settled: idle, or running a job that was left (a live session's), or kept drained above. A node
-# whose jobs were cancelled is completing until it is idle.
+# Every node settled: idle, or running (or planned for) a job that was left (a live session's), or kept drained
+# above. A node whose jobs were cancelled is completing until it is idle.
 settled=
+read -ra kept_nodes <<<"$kept"
 for _ in $(seq 150); do  # slurmd registers within seconds of starting
   states=$(timeout 10 sinfo -h -N -p "$SLURM_PARTITION" -o '%N %T' 2>/dev/null | sort -u) || states=
   idle_nodes=() unsettled=0
-  while read -r node state; do
-    [ -n "$node" ] || continue
-    if [ "$state" = idle ]; then idle_nodes+=("$node")
-    elif [[ ! "$state" =~ ^(mixed|allocated)$ && "$kept" != *" $node "* ]]; then unsettled=$((unsettled + 1)); fi
-  done <<<"$states"
+  while read -r verdict node _; do
+    if [ "$verdict" = idle ]; then idle_nodes+=("$node")
+    elif [ "$verdict" = wait ]; then unsettled=$((unsettled + 1)); fi
+  done < <("$HERE/slurm-leftovers.sh" states "${kept_nodes[@]}" <<<"$states")
   if [ "$(grep -c . <<<"$states")" = "$SLURM_NODES" ] && [ "$unsettled" = 0 ]; then settled=1; break; fi
   sleep 0.2
 done

@@ -1121,6 +1121,17 @@ def test_a_mount_over_the_project_or_the_search_folders_is_refused(tmp_path: Pat
     ({"extra_options": "-v /data/env.json:/run/flagperf-env.json:ro"}, None, "hosts.0.docker.extra_options",
      "-v container path '/run/flagperf-env.json' is refused: it is the file FlagPerf hands the container's private "
      "variables in (/run/flagperf-env.json)"),
+    # A read-write source at the work root, above it or in it: the container could write the controller's ended
+    # markers (<work root>/.ended) though its target lies elsewhere
+    ({"data_mounts": ["/data:rw"]}, None, "hosts.0.docker.data_mounts.0",
+     "data mount '/data' is refused read-write: it is a folder above the host's work root (/data/work), where the "
+     "controller keeps its own records of which attempts ended (.ended): mount it read-only"),
+    ({"extra_options": "-v /data:/all:rw"}, None, "hosts.0.docker.extra_options",
+     "-v host path '/data' is refused read-write: it is a folder above the host's work root (/data/work)"),
+    ({"extra_options": "-v /data/work:/w:rw"}, None, "hosts.0.docker.extra_options",
+     "-v host path '/data/work' is refused read-write: it is the host's work root (/data/work)"),
+    ({"extra_options": "-v /scratch/fp/.ended:/e:rw"}, "/scratch/fp", "hosts.0.docker.extra_options",
+     "-v host path '/scratch/fp/.ended' is refused read-write: it is in the host's work root (/scratch/fp)"),
 ])
 def test_a_mount_over_the_scratch_the_cache_or_the_env_file_is_refused(tmp_path: Path, docker: dict[str, object],
                                                                        work_root: str | None, key: str,
@@ -1138,6 +1149,26 @@ def test_a_mount_over_the_scratch_the_cache_or_the_env_file_is_refused(tmp_path:
         container_settings(load_vendor("cpu"), spec, "img:1", work_root=Path(work_root) if work_root else None)
     assert info.value.key == key and words in info.value.message and "\n" not in str(info.value), str(info.value)
     assert str(info.value).startswith(f"{path}: {key}: "), str(info.value)
+
+
+def test_a_read_write_mount_that_resolves_onto_the_work_root_is_refused_on_the_host(tmp_path: Path) -> None:
+    """As written, /data/link lies beside the work root; on the host it is a link to /data, above it: the second look
+    refuses it read-write (one line, keyed), and takes it read-only."""
+    path = tmp_path / "inv.yaml"
+    for mode, refused in (("rw", True), ("ro", False)):
+        path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
+                                                   "work_root": "/data/work",
+                                                   "docker": {"data_mounts": [f"/data/link:{mode}"]}}]}))
+        settings = container_settings(load_vendor("cpu"), load_inventory(path).hosts[0], "img:1")
+        facts = {**as_written(settings.host_paths()), "/data/link": PathFacts("/data", "folder")}
+        if not refused:
+            assert settings.resolved(facts).data_mounts[0].source == "/data"
+            continue
+        with pytest.raises(PolicyError) as info:
+            settings.resolved(facts)
+        assert info.value.key == "docker.data_mounts.0" and str(info.value).startswith(
+            "data mount '/data' (as resolved) is refused read-write: it is a folder above the host's work root "
+            "(/data/work)"), str(info.value)
 
 
 def test_a_step_the_host_cannot_look_at_is_refused_not_taken_for_no_link(tmp_path: Path) -> None:
@@ -1389,8 +1420,8 @@ def test_up_cancels_only_a_gone_sessions_slurm_jobs_and_resumes_only_nodes_no_li
     live, gone = slurm_session(), f"sess{2 ** 22 + 1}t5"
     reused = f"sess{os.getpid()}t{int(session_id().split('.')[1]) + 1}"  # this pid, another process's start
 
-    def leftovers(mode: str, lines: list[str]) -> list[str]:
-        return subprocess.run(["bash", str(script), mode], input="\n".join(lines) + "\n", capture_output=True,
+    def leftovers(mode: str, lines: list[str], *kept: str) -> list[str]:
+        return subprocess.run(["bash", str(script), mode, *kept], input="\n".join(lines) + "\n", capture_output=True,
                               text=True, check=True).stdout.splitlines()
 
     jobs = [f"11 flagperf-pair-{live}-h1-x", f"12 flagperf-pair-{gone}-h1-x", f"13 flagperf-blocker-{reused}",
@@ -1403,6 +1434,13 @@ def test_up_cancels_only_a_gone_sessions_slurm_jobs_and_resumes_only_nodes_no_li
     assert [line.split()[:2] for line in said] == [["keep", "h1"], ["resume", "h2"], ["resume", "h3"],
                                                    ["resume", "h4"], ["resume", "h5"], ["keep", "h6"]]
     assert "a live test session's" in said[0] and "resume it by hand" in said[5]
+    # Settled once the leftovers are gone: idle nodes are checked by a step; a node a live session's job runs on,
+    # or is planned for (Slurm holds it for a pending job), or that is kept drained is busy, not waited for; a
+    # completing one is waited for.
+    states = ["h1 idle", "h2 mixed", "h3 allocated", "h4 planned", "h5 drained", "h6 completing", "h7 down", ""]
+    assert leftovers("states", states, "h5") == ["idle h1", "busy h2", "busy h3", "busy h4", "busy h5",
+                                                 "wait h6 completing", "wait h7 down"]
+    assert leftovers("states", states[4:5]) == ["wait h5 drained"]
 
 
 def test_down_sh_dry_run_says_what_it_would_take_down_and_changes_nothing() -> None:
@@ -1425,9 +1463,16 @@ def test_down_sh_dry_run_says_what_it_would_take_down_and_changes_nothing() -> N
         assert all("(dry run: nothing done)" in line for line in done.stderr.splitlines()), done.stderr
     assert every.stdout.splitlines()[-1] == "would: rm -rf --one-file-system /tmp/flagperf-testbed"
     if bed_up:  # the live bed: named in full, left as it was
-        assert "would: ip netns delete fp-h1" in every.stdout and "would: ip link delete fpbr0" in every.stdout
-        assert "fp-h1" not in beyond.stdout and "fpbr0" not in beyond.stdout
+        # whole lines and words: on a bed of 10 hosts or more, fp-h10 (which --beyond 1 takes down) holds "fp-h1"
+        h1 = {"would: ip netns delete fp-h1", "would: ip link delete fpv1"}
+        assert h1 | {"would: ip link delete fpbr0"} <= set(every.stdout.splitlines()), every.stdout
+        assert not (h1 | {"would: ip link delete fpbr0"}) & set(beyond.stdout.splitlines()), beyond.stdout
+        assert not any("/tmp/flagperf-testbed/hosts/h1" in line.split() for line in beyond.stdout.splitlines())
         assert Path("/run/netns/fp-h1").exists() and Path("/sys/class/net/fpbr0").exists()
-        if sshd:  # its namespace's processes, the sshd among them, would be stopped; it runs on
-            stops = [line.split()[2:] for line in every.stdout.splitlines() if line.startswith("would: stop ")]
-            assert any(sshd in pids for pids in stops) and Path(f"/proc/{sshd}").exists(), stops
+        # its namespace's processes, the sshd among them, would be stopped; it runs on. Only root is told a
+        # namespace's processes (ip netns pids prints nothing to another user), so only root's dry run names them.
+        if sshd and os.geteuid() == 0:
+            def stops(done: subprocess.CompletedProcess[str]) -> list[list[str]]:
+                return [line.split()[2:] for line in done.stdout.splitlines() if line.startswith("would: stop ")]
+            assert any(sshd in pids for pids in stops(every)) and Path(f"/proc/{sshd}").exists(), stops(every)
+            assert not any(sshd in pids for pids in stops(beyond)), stops(beyond)

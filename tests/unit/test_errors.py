@@ -48,9 +48,23 @@ def test_findings_whose_shortened_lines_read_alike_are_kept_apart() -> None:
     first, second = (ConfigError(f"/lab/{'configs/' * 40}{name}/{'configs/' * 40}case.yaml", "size", "too big")
                      for name in ("one", "two"))
     assert str(first) == str(second)  # the same line once shortened
-    assert gathered([first, second]).more == [second]
+    assert [e.source for e in gathered([first, second]).more] == [second.source]
     again = ConfigError(first.source, "size", "too big")
     assert gathered([ConfigError(first.source, "size", "too big"), again]).more == []  # the same finding: once
+
+
+def test_an_error_gathered_with_others_is_left_as_it_was() -> None:
+    """gathered() set the first error's ``more`` to the others: an error held elsewhere too (the plan shares one
+    case's engine options findings across cases) then carried one case's findings into the next gathering, so what
+    a case's error listed depended on which case was gathered first. The errors given are left as they were."""
+    shared = ConfigError("engine.yaml", "options", "unknown option")
+    one, two = ConfigError("one.yaml", "x", "bad"), ConfigError("two.yaml", "y", "bad")
+    first = gathered([shared, one])
+    second = gathered([two, shared])
+    assert shared.more == [] and shared.left_out == 0 and one.more == []
+    assert [e.source for e in [first, *first.more]] == ["engine.yaml", "one.yaml"]
+    assert [e.source for e in [second, *second.more]] == ["two.yaml", "engine.yaml"]
+    assert str(first) == str(shared) and isinstance(first, ConfigError)
 
 
 def test_a_names_whitespace_is_shown_as_it_is_never_as_one_plain_space() -> None:

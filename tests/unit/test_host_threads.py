@@ -5,12 +5,15 @@ Real threads, real local commands; every phase is reached on a condition, never 
 from __future__ import annotations
 
 import contextlib
+import http.server
 import logging
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -22,6 +25,70 @@ from flagperf.hosts.threads import HOST_THREADS, HostThreads, RoundsStopped
 from flows.evaluate import run_concurrently, stop_host_threads
 
 DEADLINE_S = 120  # a guard against a hang, not a timing assumption
+
+
+class NoPrefectApi(http.server.BaseHTTPRequestHandler):
+    """An address for PREFECT_API_URL that answers every request 404 at once: a Prefect task asks the API for its
+    default result storage only, and goes on with local storage without it."""
+
+    def do_GET(self) -> None:  # http.server calls them by these names
+        self.send_error(404)
+
+    do_POST = do_PATCH = do_PUT = do_DELETE = do_GET
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def no_prefect_server() -> Iterator[None]:
+    """Prefect's tasks run outside a flow with no Prefect server: their states, events and logs go nowhere (Prefect
+    would otherwise start its own temporary server for them, some 15 s, on the shared ~/.prefect database). What
+    those states are is checked on a real server (tests/integration)."""
+    from prefect.events.clients import NullEventsClient
+    from prefect.events.worker import EventsWorker
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_CLIENT_SERVER_VERSION_CHECK_ENABLED,
+        PREFECT_LOGGING_TO_API_ENABLED,
+        temporary_settings,
+    )
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NoPrefectApi)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{server.server_address[1]}/api",
+                                 PREFECT_CLIENT_SERVER_VERSION_CHECK_ENABLED: False,
+                                 PREFECT_LOGGING_TO_API_ENABLED: False}):
+            previous = EventsWorker._client_override  # another test's (a fixture's) override: given back after
+            EventsWorker.set_client_override(NullEventsClient)  # the states' events: dropped, no websocket tried
+            try:
+                yield
+            finally:
+                if previous is None:
+                    EventsWorker.set_client_override(None)
+                else:
+                    EventsWorker.set_client_override(previous[0], **dict(previous[1]))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_no_prefect_server_gives_back_the_events_client_override_it_found() -> None:
+    """An override set before (a fixture's events client) is the one in place after, not none."""
+    from prefect.events.clients import AssertingEventsClient
+    from prefect.events.worker import EventsWorker
+
+    before = EventsWorker._client_override
+    EventsWorker.set_client_override(AssertingEventsClient, checkpoint_every=3)
+    try:
+        with no_prefect_server():
+            assert EventsWorker._client_override is not None
+            assert EventsWorker._client_override[0] is not AssertingEventsClient
+        assert EventsWorker._client_override == (AssertingEventsClient, (("checkpoint_every", 3),))
+    finally:
+        EventsWorker._client_override = before
 
 
 def wait_until(condition: object, what: str) -> None:
@@ -125,19 +192,15 @@ def test_the_checks_threads_count_as_driving_their_hosts(tmp_path: Path) -> None
     assert not (plan.run_dir / "hosts").exists()  # no healthcheck ran
 
 
-def test_a_round_whose_ssh_channel_the_interrupt_closed_is_stopped_not_failed(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_round_whose_ssh_channel_the_interrupt_closed_is_stopped_not_failed(tmp_path: Path) -> None:
     """Ctrl-C closes the SSH hosts' connections: the round's command then fails with an SshError. That is the
     interrupt's doing, not a failure of the round: it is not retried, it stops (RoundsStopped), and no failed
-    result is written for it. Its host-round subflow and run_case task end Cancelled (grey in the UI), not Failed
-    (red), which they did before."""
-    from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    from flagperf.config.plan import PLAN_FILE, plan_run
+    result is written for it. (That its host-round subflow and run_case task end Cancelled is checked on a real
+    server: tests/integration/test_deployments.py.)"""
+    from flagperf.config.plan import plan_run
     from flagperf.hosts.ssh import SshError
     from flagperf.results.schema import RESULT_FILE, round_dir
-    from flows import host_round as host_round_module
+    from flows.host_round import node_round
 
     threads = HostThreads()
     calls: list[list[str]] = []
@@ -153,27 +216,16 @@ def test_a_round_whose_ssh_channel_the_interrupt_closed_is_stopped_not_failed(
     spec = HostSpec.model_validate({"name": "a", "transport": "local", "runtime": "process",
                                     "work_root": str(tmp_path / "a")})
     host = ClosedByInterrupt(name="a", work_root=tmp_path / "a")
-    monkeypatch.setattr(host_round_module, "open_host", lambda spec, on_host=False: host)
-    plan = plan_run(cases=["computation-FP32"], sets=["max_retries=2"], results_dir=tmp_path / "results",
-                    run_id="run-a")
-    case = plan.cases[0]
-    assert case.max_retries == 2
-    plan.run_dir.mkdir(parents=True)
-    (plan.run_dir / PLAN_FILE).write_text(plan.model_dump_json())  # as the evaluation writes it
+    plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
+    case = plan.cases[0].model_copy(update={"max_retries": 2})
     token = HOST_THREADS.set(threads)
     try:
-        state = host_round_module.host_round(run_dir=str(plan.run_dir), case=case.name, round_no=1,
-                                             host=spec.model_dump(mode="json"), image={}, return_state=True)
+        with no_prefect_server(), pytest.raises(RoundsStopped) as stopped:
+            node_round(host, spec, plan, plan.run_dir, case, 1, {}, None, 1.0, None)
     finally:
         HOST_THREADS.reset(token)
-    assert state.is_cancelled(), state
-    stopped = state.result(raise_on_failure=False)  # what run_node reads back
-    assert isinstance(stopped, RoundsStopped) and isinstance(stopped.__cause__, SshError), stopped
-    assert "round1@a: stopped (SshError: fp-h1: the SSH connection was closed)" in (state.message or ""), state
-    with get_client(sync_client=True) as client:
-        (task_run,) = [run for run in client.read_task_runs(flow_run_filter=FlowRunFilter(
-            id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))) if run.name.startswith("run_case[")]
-    assert task_run.state is not None and task_run.state.is_cancelled(), task_run.state
+    assert isinstance(stopped.value.__cause__, SshError)
+    assert "round1@a: stopped (SshError: fp-h1: the SSH connection was closed)" in str(stopped.value)
     assert len(calls) == 1  # not retried
     assert not (round_dir(plan.run_dir, case.name, 1, "a", 0) / RESULT_FILE).exists()
 
@@ -268,10 +320,13 @@ class EngineContainer:
     name = "flagperf-case"
     short_id = "0123456789ab"
 
+    id = "0123456789abcdef"
+
     def __init__(self) -> None:
         self.killed = threading.Event()
         self.waiting = threading.Event()
-        self.attrs = {"State": {"Running": True}}
+        self.removed = threading.Event()
+        self.attrs: dict[str, dict[str, object]] = {"State": {"Running": True, "Pid": 4242}}
 
     def wait(self, timeout: float) -> dict[str, int]:
         import requests
@@ -288,14 +343,40 @@ class EngineContainer:
     def reload(self) -> None:
         pass
 
+    # what DockerRuntime._run asks of it besides the wait: its start, its log (streamed, then whole), its removal
+    def start(self) -> None:
+        pass
 
-def docker_runtime(tmp_path: Path) -> object:
+    def logs(self, stream: bool = False, **options: object) -> object:
+        text = b"[case] started\n[case] point 1 sent\n"
+        return iter([text]) if stream else text
+
+    def remove(self, force: bool = False) -> None:
+        self.removed.set()
+
+
+class EngineClient:
+    """A local engine's client as DockerRuntime._run uses it: it creates the one container given."""
+
+    def __init__(self, container: EngineContainer) -> None:
+        self.containers = self
+        self.container = container
+
+    def create(self, *args: object, **options: object) -> EngineContainer:
+        return self.container
+
+    def get(self, container_id: str) -> EngineContainer:
+        return self.container
+
+
+def docker_runtime(tmp_path: Path, container: EngineContainer | None = None) -> Any:
     from flagperf.hosts.docker import ContainerSettings, DockerRuntime
 
     settings = ContainerSettings(image="flagperf-test:none", python="python3", shm_size="64m", privileged=False,
                                  env={}, device_requests=[], devices=[], data_mounts=[], extra_mounts=[],
                                  ipc_mode=None, group_add=[], ulimits={})
-    return DockerRuntime(settings, client_factory=lambda: None, user=None, scratch_root=tmp_path / "run-a")
+    client = EngineClient(container) if container is not None else None
+    return DockerRuntime(settings, client_factory=lambda: client, user=None, scratch_root=tmp_path / "run-a")
 
 
 @pytest.mark.parametrize("stopped_before", [False, True], ids=["stop-while-waiting", "stopped-already"])
@@ -320,7 +401,7 @@ def test_a_docker_rounds_wait_ends_at_the_stop_not_at_the_grace(tmp_path: Path, 
 
     token = HOST_THREADS.set(threads)
     try:
-        waiter = threading.Thread(target=copy_context().run, args=(wait,))
+        waiter = threading.Thread(target=copy_context().run, args=(wait,), daemon=True)  # a hang fails, never holds
         waiter.start()
     finally:
         HOST_THREADS.reset(token)
@@ -332,8 +413,197 @@ def test_a_docker_rounds_wait_ends_at_the_stop_not_at_the_grace(tmp_path: Path, 
     assert isinstance(outcome[0], RoundsStopped) and "container flagperf-case on a was ended" in str(outcome[0])
 
 
+def test_a_docker_rounds_stop_tries_the_kill_again_until_the_container_ends(tmp_path: Path) -> None:
+    """The watcher's kill fails at first (the engine's link dropped for a moment): it is tried again at each poll
+    until it reaches the container, instead of once, which left the case running until the controller's grace."""
+    import requests
+
+    class FlakyKill(EngineContainer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kills = 0
+
+        def kill(self) -> None:
+            self.kills += 1
+            if self.kills < 3:
+                raise requests.exceptions.ConnectionError("connection reset by peer")
+            super().kill()
+
+    from contextvars import copy_context
+
+    host = LocalHost(name="a", work_root=tmp_path / "a")
+    container = FlakyKill()
+    runtime = docker_runtime(tmp_path)
+    threads = HostThreads()
+    threads.stop()
+    outcome: list[BaseException | object] = []
+
+    def wait() -> None:
+        try:
+            outcome.append(runtime._wait(host, container, time.monotonic() + 3600))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    token = HOST_THREADS.set(threads)
+    try:  # in a daemon thread: a kill never retried leaves the wait to its hour, which fails here, never hangs
+        threading.Thread(target=copy_context().run, args=(wait,), daemon=True).start()
+    finally:
+        HOST_THREADS.reset(token)
+    wait_until(lambda: outcome, "the wait ends")
+    assert isinstance(outcome[0], RoundsStopped), outcome
+    assert container.killed.is_set() and container.kills == 3
+
+
+def stopped_docker_round(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: EngineContainer,
+                         host: LocalHost | None = None) -> tuple[BaseException | object, LocalHost, Path]:
+    """A computation round run through tasks.container._run_case on a local engine's ``engine`` (on ``host``, else
+    local host "a"), in a host's thread that is stopped once the container's wait starts: (what _run_case ended
+    with, the host, the round's stage folder)."""
+    from contextvars import copy_context
+
+    from flagperf.config.job import Job
+    from flagperf.config.plan import plan_run
+    from tasks import container as container_module
+
+    monkeypatch.setattr(container_module, "get_run_logger", lambda: logging.getLogger("test"))  # no task run around
+    host = host or LocalHost(name="a", work_root=tmp_path / "a")
+    runtime = docker_runtime(host.work_root, engine)
+    plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
+    case = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=case.name, family=case.family, round=1, host="a", vendor="cpu",
+              config=case.config, config_origins=case.origins, run_overrides=case.run_overrides, image={})
+    stage = host.work_root / "run-a" / case.name / "round1"
+    threads = HostThreads()
+    outcome: list[BaseException | object] = []
+
+    def run_round() -> None:
+        try:
+            outcome.append(container_module._run_case(host, runtime, job, stage, 3600))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    token = HOST_THREADS.set(threads)
+    try:
+        waiter = threading.Thread(target=copy_context().run, args=(run_round,), daemon=True)
+        waiter.start()
+    finally:
+        HOST_THREADS.reset(token)
+    wait_until(engine.waiting.is_set, "the container's wait starts")
+    threads.stop()
+    waiter.join(DEADLINE_S)
+    assert outcome, "the round did not end"
+    return outcome[0], host, stage
+
+
+def test_a_docker_round_the_stop_killed_keeps_its_log_and_the_controllers_ended_marker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while a local engine's container runs a round: the watcher kills it and its runtime sees it end
+    (status 137). That end is recorded as any seen end is: the controller's ended marker (a serving attempt's record
+    of prompt positions is final, so `flagperf run --retry` does not pass over prompts it never sent) and the
+    attempt's case.log (what it printed). Both were lost when the stop's RoundsStopped threw the exit code away."""
+    import json
+
+    from flagperf.hosts.threads import CaseStopped
+    from flagperf.results.schema import CASE_LOG_FILE
+
+    engine = EngineContainer()
+    outcome, host, stage = stopped_docker_round(tmp_path, monkeypatch, engine)
+    assert isinstance(outcome, CaseStopped) and outcome.exit_code == -9, outcome
+    assert engine.killed.is_set() and engine.removed.is_set()
+    marker = host.ended_marker(stage / "attempt1")
+    assert marker is not None and json.loads(marker.read_text()) == {"exit_code": -9}
+    assert (stage / "attempt1" / CASE_LOG_FILE).read_text() == "[case] started\n[case] point 1 sent\n"
+
+
+def test_a_docker_round_the_stop_killed_keeps_its_ended_marker_when_its_log_cannot_be_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Ctrl-C kills a round's container and its end is seen, but its case.log cannot be written (a full disk, the
+    host's link closed): a warning, and the end is still recorded (CaseStopped, the controller's ended marker);
+    the write's error used to take CaseStopped's place and lose the marker."""
+    from flagperf.hosts.threads import CaseStopped
+    from flagperf.results.schema import CASE_LOG_FILE
+
+    class FullDisk(LocalHost):
+        def write_text(self, path: Path, text: str, mode: int | None = None) -> None:
+            if path.name == CASE_LOG_FILE:
+                raise OSError(28, "No space left on device")
+            super().write_text(path, text, mode=mode)
+
+    host = FullDisk(name="a", work_root=tmp_path / "a")
+    with caplog.at_level(logging.WARNING, logger="flagperf.hosts.docker"):
+        outcome, host, stage = stopped_docker_round(tmp_path, monkeypatch, EngineContainer(), host)
+    assert isinstance(outcome, CaseStopped) and outcome.exit_code == -9, outcome
+    marker = host.ended_marker(stage / "attempt1")
+    assert marker is not None and marker.is_file()
+    assert not (stage / "attempt1" / CASE_LOG_FILE).exists()
+    assert any("could not be kept" in r.getMessage() and "No space left" in r.getMessage() for r in caplog.records)
+
+
+def test_a_docker_round_the_stop_killed_keeps_its_ended_marker_when_its_log_is_gone_from_the_engine(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C kills a round's container and its end is seen, but the engine no longer has its log (NotFound: the
+    run's clean-up removed it meanwhile): what the live stream got, with why, is its case.log, and the end is still
+    recorded (CaseStopped, the controller's ended marker); the engine's error used to take CaseStopped's place."""
+    import docker
+
+    from flagperf.hosts.threads import CaseStopped
+    from flagperf.results.schema import CASE_LOG_FILE
+
+    class LogGone(EngineContainer):
+        def logs(self, stream: bool = False, **options: object) -> object:
+            if stream:
+                return super().logs(stream=True, **options)
+            raise docker.errors.NotFound("No such container: flagperf-case")
+
+    outcome, host, stage = stopped_docker_round(tmp_path, monkeypatch, LogGone())
+    assert isinstance(outcome, CaseStopped) and outcome.exit_code == -9, outcome
+    marker = host.ended_marker(stage / "attempt1")
+    assert marker is not None and marker.is_file()
+    log = (stage / "attempt1" / CASE_LOG_FILE).read_text().splitlines()
+    assert log[:2] == ["[case] started", "[case] point 1 sent"]
+    assert log[2].startswith("[flagperf] its log could not be read from a's engine: NotFound"), log
+
+
+def test_a_docker_round_the_stop_killed_with_its_link_dropped_keeps_no_ended_marker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while a container runs, and its wait's link drops as the watcher kills it: the engine, reached again,
+    says the container has ended, but a wait that lost its link is no seen end (the link's word stands, as
+    outside a stop). A plain RoundsStopped: no controller's ended marker, so the attempt's record of prompt
+    positions stays held at its bound."""
+    import requests
+
+    from flagperf.hosts.threads import CaseStopped
+
+    class DroppedWait(EngineContainer):
+        def wait(self, timeout: float) -> dict[str, int]:
+            super().wait(timeout)  # until the watcher's kill
+            raise requests.exceptions.ConnectionError("connection reset by peer")  # its answer lost on the way
+
+    engine = DroppedWait()
+    outcome, host, stage = stopped_docker_round(tmp_path, monkeypatch, engine)
+    assert isinstance(outcome, RoundsStopped) and not isinstance(outcome, CaseStopped), outcome
+    assert engine.killed.is_set() and engine.removed.is_set()
+    marker = host.ended_marker(stage / "attempt1")
+    assert marker is not None and not marker.exists()
+
+
+def test_a_case_stopped_survives_pickling_and_deep_copy() -> None:
+    """CaseStopped crosses Prefect's state storage (pickled) and deep copies with its exit code and log lines: its
+    args hold only the message, so the default reduce called it without them (TypeError)."""
+    import copy
+    import pickle
+
+    from flagperf.hosts.threads import CaseStopped
+
+    stopped = CaseStopped("the run is stopping", -9, ["[case] started"])
+    for again in (pickle.loads(pickle.dumps(stopped)), copy.deepcopy(stopped)):
+        assert type(again) is CaseStopped and str(again) == "the run is stopping"
+        assert again.exit_code == -9 and again.lines == ["[case] started"]
+
+
 def test_a_docker_rounds_wait_outside_a_stop_is_the_containers_own(tmp_path: Path) -> None:
-    """No stop: the wait is the container's, and its watcher kills nothing (it ends with the wait)."""
+    """No stop: the wait is the container's, and its watcher kills nothing and ends with the wait (a watcher left
+    behind per round would pile up, and could kill at a later stop)."""
     host = LocalHost(name="a", work_root=tmp_path / "a")
     container = EngineContainer()
     threading.Timer(0.0, container.killed.set).start()  # the container ends on its own (status 137 here)
@@ -345,6 +615,8 @@ def test_a_docker_rounds_wait_outside_a_stop_is_the_containers_own(tmp_path: Pat
         HOST_THREADS.reset(token)
     assert answer[1:] == (-9, False, None)
     assert container.attrs["State"]["Running"]  # not killed by the watcher
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name == f"stop-{container.name}"],
+               "the container's stop watcher ends with its wait")
 
 
 @pytest.mark.parametrize("server", ["closed", "hangs-up"])
@@ -363,12 +635,11 @@ def test_cancelling_a_dispatched_run_at_an_interrupt_with_the_server_down_names_
     accepted: list[socket.socket] = []
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
-    if server == "closed":
-        port = listener.getsockname()[1]
-        listener.close()  # nothing listens there any more: each connection is refused
-    else:  # the server takes the connection and hangs up without an answer (a retryable error for the client)
+    port = listener.getsockname()[1]
+    # "closed": the port stays bound to this socket, which never listens, so no other process can take it and each
+    # connection to it is refused (Linux)
+    if server == "hangs-up":  # the server takes the connection and hangs up without an answer (retryable)
         listener.listen(16)
-        port = listener.getsockname()[1]
 
         def hang_up() -> None:
             with contextlib.suppress(OSError):

@@ -209,12 +209,16 @@ def test_the_report_says_what_the_points_were_checked_against() -> None:
     for points in (first, second):
         points += [point(1, "float64 on cpu", None, implementation="compile"),
                    point(2, "float32 on cuda", sample, "skipped", implementation="compile")]
+    # one whose every point was skipped (its library missing) was in no kind, as if not compared: each kind names
+    # every implementation, 0 where it has none of it
+    for points in (first, second):
+        points += [point(1, "float64 on cpu", None, "skipped", implementation="flaggems")]
     results = [result(1, first), result(2, second)]
-    assert ("  - checked against: float64 on cpu, whole output (2 point-implementation pairs: native 1, compile 1); "
-            "float32 on cuda + float64 host sample (3 point-implementation pairs: native 3); float32 on cuda only, no "
-            "host sample (3 point-implementation pairs: native 3); rounds differ: float32 on cuda + float64 host "
-            "sample / float32 on cuda only, no host sample (1 point-implementation pair: native 1)") \
-        in method_lines(results)
+    assert ("  - checked against: float64 on cpu, whole output (2 point-implementation pairs: native 1, compile 1, "
+            "flaggems 0); float32 on cuda + float64 host sample (3 point-implementation pairs: native 3, compile 0, "
+            "flaggems 0); float32 on cuda only, no host sample (3 point-implementation pairs: native 3, compile 0, "
+            "flaggems 0); rounds differ: float32 on cuda + float64 host sample / float32 on cuda only, no host sample "
+            "(1 point-implementation pair: native 1, compile 0, flaggems 0)") in method_lines(results)
     merged = points_of(results)
     assert checked_counts(merged) == {
         "float64 on cpu, whole output": 2, "float32 on cuda + float64 host sample": 3,
@@ -1209,6 +1213,14 @@ def test_validate_without_a_vendor_checks_each_named_manifest_and_blames_it_not_
     (folder / "engine.yaml").write_text(base + "options: [inductor_mode]\n")
     done = CliRunner().invoke(app, ["validate", str(case / "case.yaml")])
     assert done.exit_code == 0, done.output
+    # implementations: null names none: one installed vendor's broken engine.yaml is that vendor's finding (vendor
+    # check's), not an error of the case's defaults; in the default mode nothing is asked of them, in another the
+    # others are (cpu's compile reads it)
+    (folder / "engine.yaml").write_text(base + "options: [inductor_mode]\nspeed: 3\n")
+    for mode in ("default", "max-autotune"):
+        (case / "case.yaml").write_text(text.replace("  inductor_mode: default", f"  inductor_mode: {mode}"))
+        done = CliRunner().invoke(app, ["validate", str(case / "case.yaml")])
+        assert done.exit_code == 0, (mode, done.output)
 
 
 def test_every_shipped_implementations_declaration_matches_its_class() -> None:

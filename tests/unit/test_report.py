@@ -293,6 +293,8 @@ def test_compare_and_diagnose_say_which_host_rounds_their_figures_leave_out(tmp_
     failed are in neither mean: compare and diagnose say which, in a line, instead of averaging the others as though
     they were all."""
     a, b = make_run(tmp_path, "run-a", [1.0, 1.01]), make_run(tmp_path, "run-b", [0.9, 0.91])
+    for run in (a, b):  # finished runs (a run's last step writes its summary.json)
+        (run / "summary.json").write_text("{}", encoding="utf-8")
     (b / "computation-FP32" / "round1" / "h2_noderank0").mkdir()
     (b / "computation-FP32" / "round1" / "h2_noderank0" / "case.log").write_text("started\n", encoding="utf-8")
     out = tmp_path / "cmp.md"
@@ -307,18 +309,48 @@ def test_compare_and_diagnose_say_which_host_rounds_their_figures_leave_out(tmp_
            "result.json)" in " ".join(result.output.split()), result.output
 
     # Rounds the plan gave a host that never got a folder (the glob saw only folders that are there): named too,
-    # from plan.json; a plan.json's names that are no folder's (a path out of the run) are never looked up.
-    plan = {"rounds": 2, "hosts": [{"name": "h1"}, {"name": "h2"}, {"name": "../../h3"}],
-            "cases": [{"name": "computation-FP32"}, {"name": "../outside"}]}
+    # from plan.json; a plan.json's names that are no folder's (a path out of the run, a whole number or true/false,
+    # which would not join a path) are never looked up.
+    plan = {"rounds": 2, "hosts": [{"name": "h1"}, {"name": "h2"}, {"name": "../../h3"}, {"name": 7}, {"name": False}],
+            "cases": [{"name": "computation-FP32"}, {"name": "../outside"}, {"name": 5}, {"name": True}]}
     (b / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
     result = CliRunner().invoke(app, ["compare", str(a), str(b)])
     assert result.exit_code == 0, result.output
     assert ("B: 2 host rounds left out of the figures: h2_noderank0 (computation-FP32 round1: no result.json), "
             "h2_noderank0 (computation-FP32 round2: no folder, never run there)") in " ".join(result.output.split())
     assert "outside" not in result.output and "h3" not in result.output
+    assert not any(word in result.output for word in ("7_noderank", "5 round", "True", "False"))
+    result = CliRunner().invoke(app, ["diagnose", str(b), "--baseline", str(a)])
+    assert isinstance(result.exception, SystemExit | None), result.exception  # its verdict's exit, no traceback
+    assert "computation-FP32 round2: no folder" in " ".join(result.output.split()), result.output
     (a / "plan.json").write_text(json.dumps({"rounds": 2, "cases": [{"name": "computation-FP32"}]}),
                                  encoding="utf-8")  # no hosts named: which folders it would make is not known
     assert compare_runs(a, a)[1]["left_out"] == []
+
+    # A run not finished (no summary.json, no interruption): its rounds with no result may yet get one
+    (b / "summary.json").unlink()
+    assert compare_runs(a, b)[1]["left_out"] == [
+        "B: 2 host rounds left out of the figures: h2_noderank0 (computation-FP32 round1: no result.json (yet): the "
+        "run is not finished (no summary.json)), h2_noderank0 (computation-FP32 round2: not run (yet): the run is not "
+        "finished (no summary.json))"]
+    # An interrupted run: each round as the report says it (measured and kept on its host, stopped while running,
+    # not started), never "never run there"; a folder the stop left without a result has no result.json
+    plan["rounds"] = 4
+    (b / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
+    (b / "summary.json").write_text("{}", encoding="utf-8")  # an interrupted run's report is written too
+    (b / "interrupted.json").write_text(json.dumps({
+        "reason": "SIGINT", "at": "now", "running": ["computation-FP32", 3],
+        "measured_on_host": [["computation-FP32", 2, "h2", 0]], "retry": "flagperf run --resume"}), encoding="utf-8")
+    (line,) = compare_runs(a, b)[1]["left_out"]
+    assert line == (
+        "B: 6 host rounds left out of the figures: h2_noderank0 (computation-FP32 round1: no result.json), "
+        "h2_noderank0 (computation-FP32 round2: measured, kept on the host: a retry collects it), h1_noderank0 "
+        "(computation-FP32 round3: stopped while running (the run was interrupted)), h2_noderank0 (computation-FP32 "
+        "round3: stopped while running (the run was interrupted)), h1_noderank0 (computation-FP32 round4: not started "
+        "(the run was interrupted)) and 1 more"), line
+    result = CliRunner().invoke(app, ["diagnose", str(b), "--baseline", str(a)])
+    said = " ".join(result.output.split())
+    assert "round2: measured, kept on the host: a retry collects it" in said and "never run" not in said, said
 
 
 def test_compare_refuses_an_out_that_is_no_regular_file(tmp_path: Path) -> None:

@@ -1131,6 +1131,55 @@ def test_an_address_a_new_read_of_the_interfaces_lacks_is_dropped_and_the_given_
     assert not refused(b"lab:4200") and not refused(b"10.9.9.9:4200")
 
 
+def test_a_host_refused_for_its_port_is_told_what_port_it_names() -> None:
+    """The temporary server's refusal of a Host on another port said "names another port than this server's (4200)"
+    of a Host that names none, and "(None)" where the server did not say its port. A Host without a port is said
+    to name none; a server without a port has none named."""
+    import asyncio
+
+    from flagperf.site.front import REBINDING, HostCheck
+
+    hosts = HostCheck(["127.0.0.1"], own_port=True)
+
+    def refusal(host: bytes, server: tuple[str, int] | None) -> str | None:
+        scope = {"type": "http", "scheme": "http", "headers": [(b"host", host)], "server": server}
+        return asyncio.run(hosts.refused(scope))
+
+    tail = "; open it by the address its banner shows\n"
+    assert refusal(b"127.0.0.1", ("127.0.0.1", 4200)) == \
+        f"{REBINDING}: Host '127.0.0.1' names no port (this server listens on 4200){tail}"
+    assert refusal(b"127.0.0.1:4201", ("127.0.0.1", 4200)) == \
+        f"{REBINDING}: Host '127.0.0.1:4201' names another port than this server's (4200){tail}"
+    assert refusal(b"127.0.0.1:4200", None) == \
+        f"{REBINDING}: Host '127.0.0.1:4200' names another port than this server's{tail}"
+    assert refusal(b"127.0.0.1", None) == f"{REBINDING}: Host '127.0.0.1' names no port{tail}"
+
+
+def test_the_temporary_servers_host_check_takes_its_names_on_its_own_port_only() -> None:
+    """own_port (the temporary server of `flagperf run`, flows/team_app.py): a Host that is one of its names passes
+    only on the port the request came in on, the scheme's default where the Host names none; a websocket's
+    handshake is checked as a request."""
+    import asyncio
+
+    from flagperf.site.front import HostCheck
+    from flows.server import server_names
+
+    hosts = HostCheck(server_names("127.0.0.1", []), own_port=True)
+
+    def refused(host: bytes, port: int = 4200, kind: str = "http") -> bool:
+        scope = {"type": kind, "scheme": {"http": "http", "websocket": "ws"}[kind], "headers": [(b"host", host)],
+                 "server": ("127.0.0.1", port)}
+        return asyncio.run(hosts.refused(scope)) is not None
+
+    for host in (b"127.0.0.1:4200", b"[::1]:4200", b"localhost:4200"):
+        assert not refused(host) and not refused(host, kind="websocket"), host
+    for host in (b"127.0.0.1:4201", b"127.0.0.1:99999", b"127.0.0.1", b"[::1]", b"localhost:80"):
+        assert refused(host) and refused(host, kind="websocket"), host
+    # a server on the scheme's default port: a Host that names none names it
+    assert not refused(b"127.0.0.1", port=80) and not refused(b"localhost", port=80, kind="websocket")
+    assert refused(b"127.0.0.1:4200", port=80)
+
+
 def test_the_temporary_server_of_a_run_listens_on_loopback_only() -> None:
     """`flagperf run`'s temporary server has no sign-in (docs/team.md): that holds only while nothing beyond this
     machine reaches it, so it listens on 127.0.0.1 and its API address says so."""

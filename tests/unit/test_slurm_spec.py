@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import pwd
 import shlex
 import subprocess
 import time
@@ -16,8 +17,9 @@ import pytest
 import yaml
 
 from flagperf.errors import ConfigError
+from flagperf.hosts import slurm
 from flagperf.hosts.container_policy import Mount
-from flagperf.hosts.inventory import load_inventory
+from flagperf.hosts.inventory import load_inventory, spec_origin
 from flagperf.hosts.slurm import SUMMARY_LINES, SlurmHost, batch_script, gres_missing, output_summary, parse_gres
 from flagperf.hosts.slurm_node import my_rank
 from flagperf.paths import PROJECT_ROOT
@@ -131,8 +133,8 @@ def test_gres_as_slurm_writes_it_against_what_is_asked() -> None:
     assert gres_missing("gpu:8", "gpu:4") == "gpu:8 asked, the node has 4"
 
 
-def test_a_container_image_mounts_the_shared_folder_and_the_project(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_container_image_mounts_the_shared_folder_and_the_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
     (spec,) = load_inventory(write(tmp_path, container_image="nvcr.io#nvidia/pytorch:24.05-py3",
                                    container_mounts=["/data:/data:ro"])).hosts
     host = SlurmHost(spec)
@@ -140,14 +142,34 @@ def test_a_container_image_mounts_the_shared_folder_and_the_project(tmp_path: Pa
     assert host.container_options() == [
         "--container-image=nvcr.io#nvidia/pytorch:24.05-py3",
         f"--container-mounts={shared}:{shared},{host.project_root}:{host.project_root}:ro,/data:/data:ro",
-        f"--container-workdir={host.project_root}"]
+        f"--container-workdir={host.project_root}", "--no-container-mount-home"]
     # The controller's markers of attempts seen to end lie in its own state folder, in no mount of the container (the
-    # shared folder is mounted whole); where that folder is in one, none is kept (no attempt counts as ended)
+    # shared folder is mounted whole; the home, where that folder is by default, never: --no-container-mount-home);
+    # where that folder is in one, none is kept (no attempt counts as ended)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     marker = host.ended_marker(shared / "run" / "c" / "round1" / "h_noderank0" / "attempt1")
     assert marker is not None and marker.is_relative_to(tmp_path / "state")
+    monkeypatch.setattr(slurm, "_SAID_NO_MARKERS", set())
     monkeypatch.setenv("XDG_STATE_HOME", str(shared / "state"))
     assert host.ended_root is None and host.ended_marker(shared / "run" / "attempt1") is None
+    # Said once for the host, in one warning naming the folder, the key that mounts it and what to set
+    (said,) = [r.getMessage() for r in caplog.records if "keeps no record" in r.getMessage()]
+    assert f"lies in what the jobs can write ({spec_origin(spec)[0]}: hosts.0.slurm.shared_dir)" in said, said
+    assert str(shared / "state") in said and "set XDG_STATE_HOME" in said and "\n" not in said
+    monkeypatch.setattr(slurm, "_SAID_NO_MARKERS", set())
+    caplog.clear()
+    monkeypatch.setenv("XDG_STATE_HOME", "/data/state")  # in the container_mounts source /data
+    assert host.ended_root is None
+    assert ": hosts.0.slurm.container_mounts.0)" in caplog.text
+    # A relative XDG_STATE_HOME is ignored (the XDG spec): the home's .local/state; no home to be found (no HOME, no
+    # passwd entry: Path.home raises), no marker rather than an error in the round
+    monkeypatch.setenv("XDG_STATE_HOME", "relative/state")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert host.ended_root is not None and host.ended_root.is_relative_to(tmp_path / "home" / ".local" / "state")
+    with monkeypatch.context() as homeless:
+        homeless.delenv("HOME")
+        homeless.setattr(pwd, "getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
+        assert host.ended_root is None and host.ended_marker(shared / "run" / "attempt1") is None
     (plain,) = load_inventory(write(tmp_path)).hosts
     assert SlurmHost(plain).container_options() == []
     # A squash file enroot made is named by its absolute path, as pyxis takes it; one that climbs out is refused.

@@ -320,6 +320,27 @@ def test_the_planned_rounds_of_a_multi_host_run_say_they_count_each_host(tmp_pat
         summarize(tmp_path / "one"))
 
 
+def test_a_plan_whose_rounds_or_nnodes_no_planner_wrote_plans_nothing(tmp_path: Path) -> None:
+    """rounds or nnodes beyond the planner's limits, or no whole number (1e999 is infinity: int() of it overflowed
+    out of summarize, report, compare and diagnose; 3,000,000 rounds built a list of millions): the plan is read as
+    no plan, the counts alone, and its rounds are not looked for."""
+    from flagperf.results.summary import hosts_left_out, run_progress
+
+    run = tmp_path / "odd-plan"
+    put(run, "computation-FP32", 1, metrics=[gemm(1.0)], host="h1")
+    plan = '{"rounds": %s, "hosts": [{"name": "h1"}, {"name": "h2"}], "cases": [{"name": "computation-FP32", ' \
+           '"config": {"nnodes": %s}}]}'
+    for rounds, nnodes in (("1e999", "1"), ("2", "1e999"), ("3000000", "1"), ("2", "3000000"), ("2.5", "1"),
+                           ("true", "1"), ("0", "1"), ("2", "2.0"), ("2", "false"), ("-1e999", "1")):
+        (run / "plan.json").write_text(plan % (rounds, nnodes), encoding="utf-8")
+        summary = summarize(run)
+        assert run_progress(run, []) == {} and summary.progress == {}, (rounds, nnodes)
+        assert "planned" not in render_markdown(summary), (rounds, nnodes)
+        assert hosts_left_out(run, summary) is None, (rounds, nnodes)
+    (run / "plan.json").write_text(plan % ("100", "2"), encoding="utf-8")  # the planner's limits: a plan
+    assert run_progress(run, [])["planned"] == 200
+
+
 def test_a_round_measured_but_not_collected_when_interrupted_is_not_called_stopped(tmp_path: Path) -> None:
     """Stopped while its result was copied back: the round was measured and waits on its host for the retry that
     collects it, so the report and the CLI's line count it apart from the rounds lost while running."""

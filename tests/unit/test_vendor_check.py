@@ -194,6 +194,18 @@ def test_a_folder_not_installed_here_is_judged_by_its_own_implementations(
             assert used == ["overrides acme.yaml"] and found.problems == [], found.problems
         else:
             assert len(found.problems) == 1 and problem in found.problems[0], found.problems
+    # `flagperf validate` of the file acme keeps in its own folder of the case judges it by acme's folders too, as
+    # vendor check does (it read comp against the installed vendors: "unknown implementations 'comp'")
+    kept = folder / "cases" / "operation" / "op-gemm" / "acme.yaml"
+    kept.parent.mkdir(parents=True)
+    kept.write_text("implementations: [comp]\n")
+    comp.mkdir()  # dropped above
+    (comp / "engine.yaml").write_text("name: comp\ndescription: compiled\nmodule: flagperf.operation.compiled\n"
+                                      "options: [inductor_mode]\n")
+    monkeypatch.delenv("FLAGPERF_CASE_PATH")  # the shipped op-gemm: one case of the name
+    from flows.cli import _validate_file
+
+    assert _validate_file(kept) == "vendor overrides of op-gemm (vendor acme's folder)"
 
 
 @pytest.mark.parametrize("text", ["", "# X1: figures to come\n"], ids=["empty", "comments-only"])
@@ -247,15 +259,19 @@ def test_the_packages_an_install_step_names_and_the_scales_a_case_readme_names_a
         f"{script}: line 3: names packages/../../spec.py, which leads out of {shown} (the build sees only its own "
         "folder)"], found.problems
     assert found.passed == []
+    wheel = context / "packages" / "wheels" / "acme_torch-1.0-py3-none-any.whl"
+    assert validate_findings(wheel) == found.problems  # validate of a file of packages/ says the same
     (context / "packages" / "acme-driver.run").write_text("driver\n")
     (context / "install.sh").write_text("#!/bin/sh\nsh packages/acme-driver.run --silent\n")
     fixed = Findings()
     _check_image(vendor, fixed)
     assert fixed.problems == [] and fixed.passed == [f"image {display_path(context / 'Dockerfile')} with install.sh"]
+    assert validate_findings(wheel) == []
 
     cases = tmp_path / "cases"
     shutil.copytree(FIXTURE / "cases", cases)
     monkeypatch.setenv("FLAGPERF_CASE_PATH", str(cases))
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(tmp_path))  # validate finds the vendor's <hw> as a run would
     adapted = cases / "training" / "adapted-mlp" / "vendor" / "testvendor"
     (adapted / "config_testvendorx1x1.yaml").write_text("{}\n")
     readme = adapted / "README.md"
@@ -270,6 +286,22 @@ def test_the_packages_an_install_step_names_and_the_scales_a_case_readme_names_a
         f"{display_path(readme)}: names {name}, which {display_path(adapted)} does not have ({stem}.yaml or .py): "
         f"{tail}" for name, stem in (("config_testvendorx1x8.py", "config_testvendorx1x8"),
                                      ("config_testvendorx2x8.yaml", "config_testvendorx2x8"))], found.problems
+    assert validate_findings(readme) == [p for p in found.problems if p.startswith(display_path(readme))]
+    (adapted / "config_testvendorx1x8.py").write_text("lr = 0.1\n")
+    (adapted / "config_testvendorx2x8.yaml").write_text("{}\n")
+    assert validate_findings(readme) == []
+
+
+def validate_findings(path: Path) -> list[str]:
+    """`flagperf validate`'s lines of one file (its check, in this process), [] where it passes."""
+    from flagperf.errors import FlagperfError, findings
+    from flows.cli import _check_file
+
+    try:
+        _check_file(path, [])
+    except FlagperfError as exc:
+        return [str(finding) for finding in findings(exc)]
+    return []
 
 
 def _image_findings(tmp_path: Path, dockerfile: str, script: str | None = None,
@@ -388,7 +420,7 @@ def test_a_case_readme_is_held_to_the_scale_files_of_this_vendor_s_hardware_it_n
     was read through it. Now: names of the vendor's hardware, bare or under ./ or config/, in a training case's
     README, README.md, README_CN.md ...; a link is the link scans', a README not readable as text not checkable."""
     from flagperf.config.cases import available_cases, load_case
-    from flagperf.hosts.vendorcheck import _check_case, _check_readme_scales
+    from flagperf.hosts.vendorcheck import _check_case, readme_scale_findings
 
     folder = tmp_path / "testvendor"
     shutil.copytree(FIXTURE / "vendors" / "testvendor", folder)
@@ -413,7 +445,8 @@ def test_a_case_readme_is_held_to_the_scale_files_of_this_vendor_s_hardware_it_n
     (adapted / "README.bak").write_text("config_testvendorx8x8.py\n")
     found = Findings()
     _check_case(vendor, load_case("readme-gemm", available_cases()), found)  # not a training case: not read
-    _check_readme_scales(adapted, "testvendor", found)  # what _check_case of adapted-mlp runs (tested above)
+    for error in readme_scale_findings(adapted, "testvendor", found):  # what _check_case of adapted-mlp runs
+        found.add_error(error)
     tail = ("the results it reports at that scale are not reproducible from the folder; add the file or correct the "
             "README")
     assert [p for p in found.problems if "README" in p] == [
@@ -428,6 +461,7 @@ def test_a_case_readme_is_held_to_the_scale_files_of_this_vendor_s_hardware_it_n
     (adapted / "README_CN.md").symlink_to(outside)
     (adapted / "README.md").write_bytes(b"\xff config_testvendorx5x8.py\n")
     found = Findings()
-    _check_readme_scales(adapted, "testvendor", found)  # the link is named by the adaptation's check, not read
+    for error in readme_scale_findings(adapted, "testvendor", found):  # the link is the link scans', not read
+        found.add_error(error)
     assert found.problems == [] and found.not_checkable == [
         f"{display_path(adapted / 'README.md')}: the scale files it names are not checked (not UTF-8 text)"], found

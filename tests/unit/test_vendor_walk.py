@@ -1187,7 +1187,8 @@ def test_the_link_walk_passes_a_folder_it_cannot_enter_and_a_link_into_a_skipped
                                                                                       ) -> None:
     """The link walk raised on a folder that can be listed but not entered (Path.is_dir of its entries), and
     followed tools/env -> ../.venv into the venv, naming its python's absolute link, which the run's link scan (it
-    never walks a linked folder, nor a .venv) passes: two rules. Now neither."""
+    never walks a linked folder, nor a .venv) passes: two rules. Now neither. The folders the scans skip were never
+    said, so a link out of the vendor folder in one went unseen without a word: a note names them."""
     from flagperf.hosts.local import links_leaving
 
     vendor = walk / "vendors" / "acme"
@@ -1199,8 +1200,12 @@ def test_the_link_walk_passes_a_folder_it_cannot_enter_and_a_link_into_a_skipped
     (vendor / "tools" / "env").symlink_to(os.path.join("..", ".venv"))
     (vendor / "tools" / "env3").symlink_to(os.path.join("..", "env3", "bin"))
     assert links_leaving(str(vendor)) == []
+    (vendor / "engines" / "onnxruntime" / "__pycache__").mkdir(exist_ok=True)
     found = check_vendor_folder(vendor, monitor_seconds=1)
     assert not [line for line in found.problems if "absolute path" in line], found.problems
+    # but the vendor is told which folders no scan looked into (a link out there goes unchecked), in one note
+    assert [line for line in found.notes if "not scanned" in line] == [
+        f"{vendor}: not scanned (skipped as in every round: .venv, env3): links in them are not checked"], found.notes
     code, lines = validate_lines(vendor / MANIFEST)
     assert code == 0, lines
     locked = write(vendor / "locked" / "a.py", "a = 1\n").parent
@@ -1521,8 +1526,8 @@ def test_links_by_an_absolute_path_in_the_scan_make_no_more_line(walk: Path) -> 
 
 
 def test_a_scan_filled_by_absolute_links_says_it_stopped(tmp_path: Path) -> None:
-    """Links by an absolute path (absolute_links names each) fill the scan for relative ones: it is looked through
-    further three times, and where they fill it every time, a line says the scan stopped. The check compared the
+    """Links by an absolute path (absolute_links names each) fill the scan for relative ones: it looks three times as
+    far as it names, and where they fill it still, a line says the scan stopped. The check compared the
     count with the limit the loop had raised after the last scan, so the line never came and a relative link out
     behind 400 absolute ones went unsaid."""
     from flagperf.hosts.vendorcheck import links_out_of_vendor_folder
