@@ -1111,8 +1111,9 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
     raise ConfigError(display_path(path), None, f"not a file `flagperf validate` reads: a vendor's folder of a case "
                       f"holds {overrides_name(family, manifest.name)}, {adaptation.ENV_FILE}, "
                       f"{adaptation.REQUIREMENTS_FILE}, {adaptation.CSRC_FOLDER}/{adaptation.CSRC_SETUP}, "
-                      f"{adaptation.EXTERN_FOLDER}/{adaptation.EXTERN_HOOKS_FILE} and "
-                      "config_<hw>x<nnodes>x<nproc>.yaml|.py (validate one of those)")
+                      f"{adaptation.EXTERN_FOLDER}/{adaptation.EXTERN_HOOKS_FILE}, "
+                      "config_<hw>x<nnodes>x<nproc>.yaml|.py and a README (README.md, README_CN.md ...: validate one "
+                      "of those)")
 
 
 def _check_case_vendors(case: CaseDef, notes: list[str]) -> None:

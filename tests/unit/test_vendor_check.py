@@ -465,3 +465,83 @@ def test_a_case_readme_is_held_to_the_scale_files_of_this_vendor_s_hardware_it_n
         found.add_error(error)
     assert found.problems == [] and found.not_checkable == [
         f"{display_path(adapted / 'README.md')}: the scale files it names are not checked (not UTF-8 text)"], found
+
+
+def _validated(path: Path) -> tuple[list[str], list[str]]:
+    """`flagperf validate`'s finding lines and notes of one file (its check, in this process)."""
+    from flagperf.errors import FlagperfError, findings
+    from flows.cli import _check_file
+
+    notes: list[str] = []
+    try:
+        _check_file(path, notes)
+    except FlagperfError as exc:
+        return [str(finding) for finding in findings(exc)], notes
+    return [], notes
+
+
+def test_validate_of_a_packages_file_scans_the_links_first_and_reads_nothing_through_them(tmp_path: Path) -> None:
+    """validate of a file of packages/ skipped the link scans vendor check runs first: a wheel that is a link to
+    /etc/hostname was ok, and an install script that is a link out of the folder was read and its names quoted. The
+    build context's links are scanned first now; a script is read only inside it. The Dockerfile is any one vendor
+    check checks: container.dockerfile by its own name (img/Dockerfile.acme) too."""
+    folder = tmp_path / "testvendor"
+    shutil.copytree(FIXTURE / "vendors" / "testvendor", folder)
+    context = folder / "pytorch"
+    (context / "packages").mkdir()
+    wheel = context / "packages" / "a.whl"
+    wheel.write_text("wheel\n")
+    (context / "packages" / "out.whl").symlink_to("/etc/hostname")
+    errors, _ = _validated(wheel)
+    assert errors == [f"{display_path(context / 'packages' / 'out.whl')}: links to /etc/hostname by its absolute "
+                      "path: where the vendor folder is at another path (a clone of it, a host's copy, a round's "
+                      "container) it leads nowhere; make the link relative, to a file inside the vendor folder, or "
+                      "copy the file"], errors
+    (context / "packages" / "out.whl").unlink()
+    outside = tmp_path / "elsewhere.sh"
+    outside.write_text("sh packages/secret-name.run\n")
+    (context / "install.sh").unlink()
+    (context / "install.sh").symlink_to(os.path.relpath(outside, context))  # relative, out of the vendor folder
+    errors, notes = _validated(wheel)
+    assert errors and not any("secret-name" in line for line in errors + notes), (errors, notes)
+    (context / "install.sh").unlink()
+    (context / "install.sh").write_text("sh packages/a.whl\n")
+    manifest = folder / MANIFEST
+    (folder / "img").mkdir()
+    (folder / "img" / "Dockerfile.acme").write_text("FROM scratch\nRUN pip install packages/b.whl packages/c.whl\n")
+    (folder / "img" / "packages").mkdir()
+    (folder / "img" / "packages" / "b.whl").write_text("wheel\n")
+    manifest.write_text(manifest.read_text().replace("dockerfile: pytorch/Dockerfile",
+                                                     "dockerfile: img/Dockerfile.acme"))
+    assert "img/Dockerfile.acme" in manifest.read_text()
+    errors, _ = _validated(folder / "img" / "packages" / "b.whl")
+    assert errors == [f"{display_path(folder / 'img' / 'Dockerfile.acme')}: line 2: names packages/c.whl, which is "
+                      f"not in {display_path(folder / 'img')} (FlagPerf's packages/ goes beside the Dockerfile)"
+                      ], errors
+
+
+def test_validate_of_a_case_readme_reads_that_readme_alone_and_none_through_a_link(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """validate of one README of a case adaptation said every README's problems, and read a README* that is a link
+    out of the folder (quoting the file there). It reads the README given now, and one that is a link is not read:
+    a note says its scale files are not checked."""
+    shutil.copytree(FIXTURE / "vendors" / "testvendor", tmp_path / "vendors" / "testvendor")
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(tmp_path / "vendors"))
+    cases = tmp_path / "cases"
+    shutil.copytree(FIXTURE / "cases", cases)
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(cases))
+    adapted = cases / "training" / "adapted-mlp" / "vendor" / "testvendor"
+    (adapted / "README.md").write_text("1x8: config_testvendorx1x8.py\n")
+    (adapted / "README_CN.md").write_text("2x8: config_testvendorx2x8.py\n")
+    outside = tmp_path / "elsewhere.md"
+    outside.write_text("4x8: config_testvendorx4x8.py\n")
+    (adapted / "README_EN.md").symlink_to(outside)
+    errors, _ = _validated(adapted / "README.md")
+    assert errors == [f"{display_path(adapted / 'README.md')}: names config_testvendorx1x8.py, which "
+                      f"{display_path(adapted)} does not have (config_testvendorx1x8.yaml or .py): the results it "
+                      "reports at that scale are not reproducible from the folder; add the file or correct the README"
+                      ], errors
+    errors, notes = _validated(adapted / "README_EN.md")
+    assert errors == [] and notes == [
+        f"{display_path(adapted / 'README_EN.md')}: a link, not read (the vendor folder's link scans say where it "
+        "leads); the scale files it names are not checked"], (errors, notes)
