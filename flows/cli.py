@@ -116,6 +116,16 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _fail_all(exc: FlagperfError, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    """Every finding an error carries, each its own line, then how many were left out (as validate says them): the
+    first alone hid the others, e.g. a --set typo said beside a broken engine.yaml that is put first."""
+    for finding in findings(exc):
+        _fail(str(finding))
+    if more := left_out_line(exc):
+        _fail(more)
+    return typer.Exit(code)
+
+
 def _prepare_prefect_environment(verbose: bool) -> None:
     """Before prefect is imported: it reads these once."""
     # A temporary server on a small machine takes 20-30 s to start; Prefect's default gives up sooner.
@@ -379,7 +389,7 @@ def run(
                     raise ConfigError("--run-id", None, _run_id_taken(run_id, results))
                 plan = plan.model_copy(update={"run_id": new_run_id()})  # a chosen name that another run chose too
     except FlagperfError as exc:
-        raise _fail(str(exc)) from None
+        raise _fail_all(exc) from None
     except KeyboardInterrupt as exc:  # Ctrl-C while the input is checked (the probe takes seconds): nothing started
         raise _fail("interrupted before anything started", _interrupt().exit_code(exc)) from None
     run_dir = plan.run_dir
@@ -404,7 +414,7 @@ def run(
         _release(run_dir, retry)
         remove_made(results, made)
         if isinstance(exc, FlagperfError):
-            raise _fail(str(exc)) from None
+            raise _fail_all(exc) from None
         if isinstance(exc, Exception):
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise _fail(f"the evaluation could not run: {type(exc).__name__}: {first}", EXIT_FAILED) from None
@@ -844,7 +854,7 @@ def nightly(
             night = check_night(suite=suite, vendor=vendor, rounds=rounds, overrides=set_ or [], inventory=inventory,
                                 results=results, history_url=history_url, baseline_runs=baseline_runs, sigma=sigma)
     except FlagperfError as exc:
-        raise _fail(str(exc)) from None
+        raise _fail_all(exc) from None
     except KeyboardInterrupt as exc:  # Ctrl-C while the input is checked (the probe takes seconds): nothing started
         raise _fail("interrupted before anything started", interrupt.exit_code(exc)) from None
     made: Path | None = None
@@ -856,7 +866,7 @@ def nightly(
         interrupt.disarm()  # before the header: a Ctrl-C as soon as it shows is noted, then raised in order
     except FlagperfError as exc:
         remove_made(results, made)
-        raise _fail(str(exc), EXIT_BAD_INPUT if isinstance(exc, ConfigError) else EXIT_FAILED) from None
+        raise _fail_all(exc, EXIT_BAD_INPUT if isinstance(exc, ConfigError) else EXIT_FAILED) from None
     except KeyboardInterrupt as exc:
         remove_made(results, made)
         raise _fail("interrupted before anything started", interrupt.exit_code(exc)) from None
@@ -1034,7 +1044,8 @@ def _refuse_shadowed(path: Path, folder: Path, name: str) -> None:
         raise ConfigError(display_path(path), None, "never read: " + shadowed_message(folder, winner, name))
 
 
-def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.Match[str] | None) -> str:
+def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.Match[str] | None,
+                            notes: list[str]) -> str:
     """A file of a vendor folder's cases/<family>/<case>/ (``kept``: the vendor folder, family, case), where a vendor
     kept outside the project keeps its files of a case: read as a run of that vendor reads it."""
     from flagperf.config import adaptation
@@ -1048,7 +1059,7 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
         vendor_case_problem,
     )
     from flagperf.config.vendors import MANIFEST, available_vendors, load_vendor_manifest
-    from flagperf.hosts.vendorcheck import links_out_of_vendor_folder  # the round's link scan
+    from flagperf.hosts.vendorcheck import README_NAME, links_out_of_vendor_folder  # the round's link scan
 
     home, family, name = kept
     folder = home / adaptation.VENDOR_CASES_FOLDER / family / name
@@ -1094,13 +1105,15 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
     stray = stray_entry_problem(entry, family, manifest.name)
     if stray:
         raise ConfigError(display_path(entry), None, stray)
-    if path.parent == folder and path.name.startswith("README"):
-        return _check_adaptation_readme(folder, f"vendor {manifest.name}'s adaptation of {name} (in its folder)")
+    if path.parent == folder and README_NAME.fullmatch(path.name):
+        return _check_adaptation_readme(path, family, str(manifest.hardware), notes,
+                                        f"vendor {manifest.name}'s adaptation of {name} (in its folder)")
     raise ConfigError(display_path(path), None, f"not a file `flagperf validate` reads: a vendor's folder of a case "
                       f"holds {overrides_name(family, manifest.name)}, {adaptation.ENV_FILE}, "
                       f"{adaptation.REQUIREMENTS_FILE}, {adaptation.CSRC_FOLDER}/{adaptation.CSRC_SETUP}, "
-                      f"{adaptation.EXTERN_FOLDER}/{adaptation.EXTERN_HOOKS_FILE} and "
-                      "config_<hw>x<nnodes>x<nproc>.yaml|.py (validate one of those)")
+                      f"{adaptation.EXTERN_FOLDER}/{adaptation.EXTERN_HOOKS_FILE}, "
+                      "config_<hw>x<nnodes>x<nproc>.yaml|.py and a README (README.md, README_CN.md ...: validate one "
+                      "of those)")
 
 
 def _check_case_vendors(case: CaseDef, notes: list[str]) -> None:
@@ -1247,7 +1260,7 @@ def _check_file(path: Path, notes: list[str]) -> str:
     kept = vendor_cases_entry(path.parent) or vendor_cases_entry(path.parent.parent) \
         or vendor_cases_entry(path.parent.parent.parent)  # a file of a vendor's own folder of a case
     if kept is not None:
-        return _check_vendor_kept_file(path, kept, scale)
+        return _check_vendor_kept_file(path, kept, scale, notes)
     if scale and path.parent.parent.name == "vendor" and (path.parent.parent.parent / "case.yaml").is_file():
         case_dir = path.parent.parent.parent
         manifest = load_case_manifest(case_dir / "case.yaml")
@@ -1270,6 +1283,7 @@ def _check_file(path: Path, notes: list[str]) -> str:
     if adapted is not None:  # a file of the case's vendor/<vendor>/ folder (or below it)
         from flagperf.config import adaptation
         from flagperf.config.vendorlayout import misplaced_adaptation_file, stray_entry_problem
+        from flagperf.hosts.vendorcheck import README_NAME
 
         case_dir = adapted.parent.parent
         case = load_case(case_dir.name, {case_dir.name: case_dir})
@@ -1285,8 +1299,11 @@ def _check_file(path: Path, notes: list[str]) -> str:
         stray = stray_entry_problem(entry, case.family, adapted.name)
         if stray:
             raise ConfigError(display_path(entry), None, stray)
-        if path.parent == adapted and path.name.startswith("README"):
-            return _check_adaptation_readme(adapted, f"vendor {adapted.name}'s adaptation of {case.name}")
+        if path.parent == adapted and README_NAME.fullmatch(path.name):
+            vendors = available_vendors()  # its scale files are those of the vendor's <hw>
+            hardware = str(load_vendor(adapted.name).manifest.hardware) if adapted.name in vendors else None
+            return _check_adaptation_readme(path, case.family, hardware, notes,
+                                            f"vendor {adapted.name}'s adaptation of {case.name}")
     if path.name == "datasheets.yaml" and (path.parent / VENDOR_MANIFEST).is_file():
         from flagperf.hosts.vendorcheck import datasheet_findings
 
@@ -1305,14 +1322,9 @@ def _check_file(path: Path, notes: list[str]) -> str:
         if links:  # each one line; a run would meet it only in a round's container, which has the folder elsewhere
             raise gathered(links)
         return "vendor"
-    dockerfile = _packages_dockerfile(path)
-    if dockerfile is not None:
-        from flagperf.hosts.vendorcheck import packages_findings
-
-        found = packages_findings(dockerfile)  # what vendor check says of packages/ (the Dockerfile's rest is its)
-        if found:
-            raise gathered(found)
-        return f"file of the packages/ folder of {display_path(dockerfile)}"
+    located = _packages_dockerfile(path)
+    if located is not None:
+        return _check_packages_file(*located, notes)
     if path.suffix == ".py":  # FlagPerf training's test_conf.py, or its cluster_conf.py: checked together
         from flagperf.config.plan import plan_run
         from flagperf.hosts.flagperf_training import CLUSTER_CONF, load_training_conf
@@ -1353,27 +1365,67 @@ def _check_file(path: Path, notes: list[str]) -> str:
                                                 "toolkit.yaml, suite, inventory or host.yaml file")
 
 
-def _check_adaptation_readme(folder: Path, what: str) -> str:
-    """A README of a vendor's folder of a case: each scale file it names is in the folder, as vendor check says."""
-    from flagperf.hosts.vendorcheck import readme_scale_findings
+def _check_adaptation_readme(readme: Path, family: str, hardware: str | None, notes: list[str], what: str) -> str:
+    """A README of a vendor's folder of a case: each scale file of the vendor's <hw> it names is in the folder, as
+    vendor check says (the same function); only a training case's folder has scale files."""
+    from flagperf.hosts.vendorcheck import Findings, readme_scale_findings
 
-    found = readme_scale_findings(folder)
-    if found:
-        raise gathered(found)
+    if family != "training":
+        return f"README of {what} (a {family} case reads no scale files: nothing in it to check)"
+    if hardware is None:  # the vendor is not installed here: whose <hw> its names are is unknown
+        notes.append(f"{display_path(readme)}: the scale files it names are not checked (no vendor "
+                     f"{readme.parent.name} here to say its hardware)")
+        return f"README of {what}"
+    found = Findings()
+    errors = readme_scale_findings(readme.parent, hardware, found, only=readme)
+    notes += found.notes + found.not_checkable
+    if errors:
+        raise gathered(errors)
     return f"README of {what}"
 
 
-def _packages_dockerfile(path: Path) -> Path | None:
-    """The Dockerfile whose packages/ folder (FlagPerf's, beside it) ``path`` lies in, in a vendor folder (its own
-    folder or a <framework>/ one of it has vendor.yaml); None for any other file."""
-    from flagperf.hosts.vendorcheck import PACKAGES_FOLDER
+def _packages_dockerfile(path: Path) -> tuple[Path, Path] | None:
+    """(the vendor folder, the Dockerfile) whose packages/ folder (FlagPerf's, beside it) ``path`` lies in: the vendor
+    folder is the first one up with vendor.yaml, and the Dockerfile one vendor check checks (container.dockerfile or
+    a <framework>/Dockerfile); None for any other file."""
+    from flagperf.config.files import is_present
+    from flagperf.config.vendors import load_vendor_manifest
+    from flagperf.hosts.vendorcheck import PACKAGES_FOLDER, image_dockerfiles
     from flagperf.paths import VENDOR_MANIFEST
 
-    for folder in path.parents:
-        if folder.name == PACKAGES_FOLDER and (folder.parent / "Dockerfile").is_file() and any(
-                os.path.lexists(home / VENDOR_MANIFEST) for home in (folder.parent, folder.parent.parent)):
-            return folder.parent / "Dockerfile"
+    given = Path(os.path.abspath(path))  # as written: a link's own place, not where it leads
+    if PACKAGES_FOLDER not in given.parent.parts:
+        return None  # no packages/ folder on the way: no manifest is read
+    home = next((folder for folder in given.parents if is_present(folder / VENDOR_MANIFEST)), None)
+    if home is None:
+        return None
+    manifest = load_vendor_manifest(home / VENDOR_MANIFEST)
+    for dockerfile in image_dockerfiles(home, manifest.container.dockerfile):
+        if dockerfile.parent / PACKAGES_FOLDER in given.parents:
+            return home, dockerfile
     return None
+
+
+def _check_packages_file(home: Path, dockerfile: Path, notes: list[str]) -> str:
+    """A file of a Dockerfile's packages/ folder: first the links of the build context (by an absolute path, or out
+    of the vendor folder: each one line, never read through), then what vendor check says of packages/."""
+    from flagperf.config.adaptation import absolute_links
+    from flagperf.hosts.vendorcheck import Findings, links_out_of_vendor_folder, packages_findings
+
+    context = os.path.relpath(dockerfile.parent, home)
+    if context == os.curdir:  # container.dockerfile at the top: the build context is the whole vendor folder
+        links = absolute_links(home, None, tuple(sorted(os.listdir(home)))) + links_out_of_vendor_folder(home)
+    else:
+        links = absolute_links(home, dockerfile.parent, (Path(context).parts[0],)) + links_out_of_vendor_folder(
+            home, context)
+    if links:
+        raise gathered(links)
+    found = Findings()
+    errors = packages_findings(dockerfile, found)  # what vendor check says of packages/ (the Dockerfile's rest is its)
+    notes += found.notes + found.not_checkable
+    if errors:
+        raise gathered(errors)
+    return f"file of the packages/ folder of {display_path(dockerfile)}"
 
 
 def _check_plugin_manifest(path: Path) -> str | None:

@@ -335,7 +335,7 @@ def engine_option_keys(case: CaseDef, vendor: str) -> EngineOptions:
 
 def settable_keys(case: CaseDef, options: EngineOptions) -> set[str]:
     """What a run override may set for this case: its configurations, and its engines' options (``options``, its
-    engine_option_keys: those whose engine.yaml can say them; refuse_unknown for a key none of them has)."""
+    engine_option_keys: those whose engine.yaml can say them; may_declare for a key none of them has)."""
     return set(case.manifest.configurations).union(options.keys())
 
 

@@ -134,8 +134,9 @@ def unless_declared_by(broken: dict[str, ConfigError]) -> str:
     if not broken:
         return ""
     names = ", ".join(sorted(broken))
-    return (f", unless engine {names} reads it: {'its' if len(broken) == 1 else 'their'} engine.yaml cannot be read "
-            "(said beside this)")
+    if len(broken) == 1:
+        return f", unless engine {names} reads it: its engine.yaml cannot be read (said beside this)"
+    return f", unless engines {names} read it: their engine.yaml files cannot be read (said beside this)"
 
 
 def declared_options(vendor: str, family_folder: str) -> EngineOptions:

@@ -92,6 +92,14 @@ from flagperf.config.vendors import (
 )
 from flagperf.config.yamlio import parse_yaml_text
 from flagperf.errors import ConfigError, FlagperfError, finding_key, findings, left_out_line, one_line, unknown_name
+from flagperf.hosts.buildsteps import (
+    BuildWrites,
+    Instruction,
+    as_glob,
+    dockerfile_instructions,
+    shell_lines,
+    shell_words,
+)
 from flagperf.hosts.container_policy import PathFacts, is_under, leaving_link_words, vendor_container_problems
 from flagperf.hosts.local import describe_paths
 from flagperf.hosts.vendorscaffold import TODO
@@ -371,16 +379,21 @@ def _check_image(vendor: Vendor, found: Findings) -> None:
     """The default framework's Dockerfile (container.dockerfile), and every other <framework>/Dockerfile: FlagPerf
     allows one per framework, but only a FlagPerf host.yaml's CASES (<case>: <framework>) chooses one; every other
     run builds the default, so another is said to be unused by them rather than silently never built."""
-    default = vendor.folder / vendor.manifest.container.dockerfile
+    default, *others = image_dockerfiles(vendor.folder, vendor.manifest.container.dockerfile)
     _check_dockerfile(default, found)
-    for other in sorted(vendor.folder.glob("*/Dockerfile")):
-        if other == Path(os.path.normpath(default)) or skipped_in_source(other.parent.name):
-            continue
+    for other in others:
         framework = other.parent.name
         found.notes.append(f"{display_path(other)}: built only for a case a FlagPerf host.yaml maps to framework "
                            f"{framework} (CASES: {{<case>: {framework}}}); every other run (an inventory, a "
                            f"test_conf.py) builds container.dockerfile ({vendor.manifest.container.dockerfile})")
         _check_dockerfile(other, found)
+
+
+def image_dockerfiles(folder: Path, dockerfile: str) -> list[Path]:
+    """The Dockerfiles vendor check checks: container.dockerfile's first, then every other <framework>/Dockerfile."""
+    default = Path(os.path.normpath(folder / dockerfile))
+    return [default] + [other for other in sorted(folder.glob("*/Dockerfile"))
+                        if other != default and not skipped_in_source(other.parent.name)]
 
 
 def _check_dockerfile(dockerfile: Path, found: Findings) -> None:
@@ -390,70 +403,96 @@ def _check_dockerfile(dockerfile: Path, found: Findings) -> None:
     except ConfigError as exc:
         found.problem(where, exc.message)
         return
+    before = len(found.problems)  # this Dockerfile's own problems decide its ok line, not an earlier check's
     context = dockerfile.parent
-    if not re.search(r"^\s*FROM\s", text, re.M | re.I):
+    instructions = dockerfile_instructions(text)  # as Docker joins them: continuations, heredocs, RUN or run
+    if not any(step.keyword == "FROM" for step in instructions):
         found.problem(where, "no FROM line: the build has no base image (the vendor's PyTorch image)")
     scripts = sorted(p.name for p in context.glob("*install*.sh"))
-    if not re.search(r"^\s*RUN\s", text, re.M) and not scripts:
+    if not any(step.keyword == "RUN" for step in instructions) and not scripts:
         found.problem(where, "no install step (a RUN line, or FlagPerf's <framework>_install.sh beside it)")
-    for number, line in enumerate(text.splitlines(), start=1):
-        parts = line.split()
-        if parts[:1] in (["COPY"], ["ADD"]) and not any(p.startswith("--from") for p in parts):
-            for name in (p for p in parts[1:-1] if not p.startswith("--")):
+    for step in instructions:
+        parts = step.text.splitlines()[0].split() if step.text else []
+        if step.keyword in ("COPY", "ADD") and not any(p.startswith("--from") for p in parts):
+            for name in (p for p in parts[:-1] if not p.startswith("--") and not p.startswith("<<")):
                 if not (context / name).exists():
-                    found.problem(where, f"line {number}: copies {name}, which is not in {display_path(context)}")
+                    found.problem(where, f"line {step.line}: copies {name}, which is not in {display_path(context)}")
     for script in scripts:
         if script not in text:
             found.problem(where, f"{script} is beside the Dockerfile but the Dockerfile never uses it")
-    for error in _packages_named(dockerfile, text, scripts):
+    for error in _packages_named(dockerfile, instructions, scripts, found):
         found.add_error(error)
-    if not any(where in p or p.startswith(f"{display_path(context)}/") for p in found.problems):
+    if len(found.problems) == before:
         found.passed.append(f"image {where}" + (f" with {', '.join(scripts)}" if scripts else ""))
 
 
 # FlagPerf's guide keeps what <framework>_install.sh installs beyond the Dockerfile in packages/ beside it: a path
-# there named by the install script or a RUN line (packages/x.run, ./packages/wheels/), not one of a $VARIABLE.
+# there named by the install script or a RUN step (packages/x.run, ./packages/wheels/, packages/x-${VER}.whl).
 PACKAGES_FOLDER = "packages"
-PACKAGE_PATH = re.compile(rf"(?<![\w./$-])(?:\./)?({PACKAGES_FOLDER}/[^\s'\";|&<>()`$]*)")
+PACKAGE_PATH = re.compile(rf"(?<![\w./$-])(?:\./)?({PACKAGES_FOLDER}/[^\s'\";|&<>()`]*)")
 
 
-def packages_findings(dockerfile: Path) -> list[ConfigError]:
+def packages_findings(dockerfile: Path, found: Findings) -> list[ConfigError]:
     """_packages_named of a Dockerfile and the install scripts beside it (`flagperf validate` of a file of the
-    packages/ folder beside it); the Dockerfile's own problems are vendor check's."""
-    try:
-        text = read_config_text(dockerfile, what="a Dockerfile")
+    packages/ folder beside it): its problems, its notes and what it could not check go to ``found``'s notes and
+    not_checkable. The Dockerfile's own problems are vendor check's."""
+    try:  # inside its folder: one that is a link out is never read (nor quoted)
+        text = read_config_text(regular_file(dockerfile.parent, dockerfile.name, display_path(dockerfile), None,
+                                             display_path(dockerfile.parent)), what="a Dockerfile")
     except ConfigError as exc:
         return [exc]
-    return _packages_named(dockerfile, text, sorted(p.name for p in dockerfile.parent.glob("*install*.sh")))
+    return _packages_named(dockerfile, dockerfile_instructions(text),
+                           sorted(p.name for p in dockerfile.parent.glob("*install*.sh")), found)
 
 
-def _packages_named(dockerfile: Path, text: str, scripts: list[str]) -> list[ConfigError]:
-    """Each packages/ path the Dockerfile's RUN lines or its install scripts name is in the build context (the
+def _packages_named(dockerfile: Path, instructions: list[Instruction], scripts: list[str],
+                    found: Findings) -> list[ConfigError]:
+    """Each packages/ path the Dockerfile's RUN steps or its install scripts name is in the build context (the
     Dockerfile's folder) and stays in it: the build would fail on the host, after the image's base was pulled. A
-    glob (packages/*.whl) needs one match. Links out of packages/ are the vendor folder's link scans' (whole)."""
+    glob (packages/*.whl, or a name with a $VARIABLE in it, read as *) needs one match. A path the build itself
+    writes (mkdir, wget -P, pip download -d, > ..., tar -C, cp's destination) is none of these, nor what lies under
+    it; where the build downloads anything, a path not found is a note (it may be one of the downloads). Links out
+    of packages/ are the vendor folder's link scans' (whole); a script that is a link is theirs too."""
     context = dockerfile.parent
-    found: list[ConfigError] = []
-    sources = [(display_path(dockerfile), [line if re.match(r"\s*RUN\s", line) else "" for line in
-                                          text.splitlines()])]
+    shown = display_path(context)
+    errors: list[ConfigError] = []
+    sources = [(display_path(dockerfile), [(step.line, line) for step in instructions if step.keyword == "RUN"
+                                           for _, line in shell_lines(step.text)])]
     for script in scripts:
+        path = context / script
+        if path.is_symlink():  # read through a link, a file elsewhere would be quoted here
+            continue
         try:
-            sources.append((display_path(context / script), read_config_text(context / script,
-                                                                           what="an install script").splitlines()))
+            text = read_config_text(regular_file(context, script, display_path(path), None, shown),
+                                    what="an install script")
         except ConfigError as exc:
-            found.append(exc)
+            found.not_checkable.append(f"{exc.source}: the {PACKAGES_FOLDER}/ paths it names are not checked "
+                                       f"({exc.message})")
+            continue
+        sources.append((display_path(path), shell_lines(text)))
+    writes = BuildWrites()  # the build as a whole: a step sees what an earlier one wrote
+    named: list[tuple[str, int, str]] = []
     for where, lines in sources:
-        for number, line in enumerate(lines, start=1):
-            for named in dict.fromkeys(PACKAGE_PATH.findall(line.split("#", 1)[0])):
-                path = named.rstrip("/")
-                real = os.path.realpath(context / path)
-                if not is_under(real, os.path.realpath(context)):
-                    found.append(ConfigError(where, None, f"line {number}: names {named}, which leads out of "
-                                             f"{display_path(context)} (the build sees only its own folder)"))
-                elif not (any(context.glob(path)) if re.search(r"[*?\[]", path) else os.path.exists(context / path)):
-                    found.append(ConfigError(where, None, f"line {number}: names {named}, which is not in "
-                                             f"{display_path(context)} (FlagPerf's {PACKAGES_FOLDER}/ goes beside "
-                                             "the Dockerfile)"))
-    return found
+        for number, line in lines:
+            words = shell_words(line)
+            writes.read(words)
+            named += [(where, number, name) for word in words for name in PACKAGE_PATH.findall(word)]
+    for where, number, name in dict.fromkeys(named):
+        path = as_glob(name)
+        if path is None or writes.made(path):  # the shell decides it (${X:-y}, $(...)), or the build writes it
+            continue
+        if not is_under(os.path.realpath(context / path), os.path.realpath(context)):
+            errors.append(ConfigError(where, None, f"line {number}: names {name}, which leads out of {shown} (the "
+                                      "build sees only its own folder)"))
+        elif not (any(context.glob(path)) if re.search(r"[*?\[]", path) else os.path.exists(context / path)):
+            if writes.downloads:
+                found.notes.append(f"{where}: line {number}: names {name}, which is not in {shown}: the build "
+                                   "downloads files (wget, curl, pip download), so it may be one of them; if not, "
+                                   f"FlagPerf's {PACKAGES_FOLDER}/ goes beside the Dockerfile")
+            else:
+                errors.append(ConfigError(where, None, f"line {number}: names {name}, which is not in {shown} "
+                                          f"(FlagPerf's {PACKAGES_FOLDER}/ goes beside the Dockerfile)"))
+    return errors
 
 
 def _check_monitor(vendor: Vendor, name: str, command: list[str], seconds: float, found: Findings, *,
@@ -801,8 +840,8 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
         found.add_error(error)
     used += [f"scale {name}" for name in scales]
     _note_missing_scales(case.family, place.folder, str(vendor.manifest.hardware), scales, problems, found)
-    if place.present:
-        for error in readme_scale_findings(place.folder):
+    if place.present and case.family == "training":  # the one family that reads scale files
+        for error in readme_scale_findings(place.folder, str(vendor.manifest.hardware), found):
             found.add_error(error)
     problems = adaptation_problems(case.folder, case.family, vendor.name, vendor.folder)
     for problem in problems:  # every part's, not only the first a run would stop at; each part's findings
@@ -828,30 +867,51 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
 
 
 # A scale file's name in a case adaptation's README (FlagPerf's guide: a README per case with its 1x1, 1x8 and 2x8
-# results, "consistent with the code"), as FlagPerf (.py) or this project (.yaml) names it.
-README_SCALE = re.compile(r"(?<![\w.-])config_[A-Za-z0-9_.-]+?x\d+x\d+\.(?:yaml|py)\b")
+# results, "consistent with the code"), as FlagPerf (.py) or this project (.yaml) names it: bare, or under ./ or
+# config/ (FlagPerf's folder of them); one in a URL or another path is a file elsewhere. ASCII bounds: a name in
+# Chinese prose (为config_H800x2x8.py中) is still one.
+README_SCALE = re.compile(r"(?<![A-Za-z0-9_./:-])(?:\./|config/)?(config_[A-Za-z0-9_.-]+?x[0-9]+x[0-9]+\.(?:yaml|py))"
+                          r"(?![A-Za-z0-9_])")
+# README, README.md, README_CN.md, README.zh.md, README-en.rst ...: the READMEs, not any file whose name starts so.
+README_NAME = re.compile(r"README(?:[._-][A-Za-z]{2}(?:[_-][A-Za-z]{2})?)?(?:\.(?:md|txt|rst))?", re.IGNORECASE)
 
 
-def readme_scale_findings(folder: Path) -> list[ConfigError]:
-    """Each scale file a README of the vendor's folder of the case names is there (as .yaml or .py: a README
-    brought from FlagPerf names config_<hw>x1x8.py): results it reports at a scale the folder has no file for were
-    not taken with the settings it ships. Only names are compared; the README is read as text, bounded."""
-    found: list[ConfigError] = []
-    for readme in sorted(folder.glob("README*")):
-        if not readme.is_file():
+def readme_scale_findings(folder: Path, hardware: str, found: Findings,
+                          only: Path | None = None) -> list[ConfigError]:
+    """Each scale file of the vendor's hardware a README of the vendor's folder of the case names is there (as .yaml
+    or .py: a README brought from FlagPerf names config_<hw>x1x8.py): results it reports at a scale the folder has no
+    file for were not taken with the settings it ships. Another hardware's file (a comparison with NVIDIA's) is not
+    this folder's. Only names are compared; the README is read as text, bounded; one that is a link is left to the
+    link scans, and one not readable as text is not checkable here (``found``'s not_checkable). ``only``: that
+    README alone (`flagperf validate` of it)."""
+    errors: list[ConfigError] = []
+    try:
+        readmes = sorted(p for p in folder.iterdir()
+                         if README_NAME.fullmatch(p.name) and (only is None or p.name == only.name))
+    except OSError:  # a link to no folder: the adaptation's own checks say so
+        return errors
+    for readme in readmes:
+        if readme.is_symlink():  # read through a link, a file elsewhere would be quoted here
+            if only is not None:  # validate of it: said, not passed as ok
+                found.not_checkable.append(f"{display_path(readme)}: a link, not read (the vendor folder's link "
+                                           "scans say where it leads); the scale files it names are not checked")
             continue
         try:
-            text = read_config_text(readme, what="a README")
+            text = read_config_text(regular_file(folder, readme.name, display_path(readme), None, display_path(folder)),
+                                    what="a README")
         except ConfigError as exc:
-            found.append(exc)
+            found.not_checkable.append(f"{exc.source}: the scale files it names are not checked ({exc.message})")
             continue
         for name in dict.fromkeys(README_SCALE.findall(text)):
+            match = SCALE_FILE.fullmatch(name)
+            if match is None or match.group(1) != hardware:
+                continue
             stem = name.rsplit(".", 1)[0]
             if not any(is_present(folder / f"{stem}.{suffix}") for suffix in ("yaml", "py")):
-                found.append(ConfigError(display_path(readme), None, f"names {name}, which {display_path(folder)} "
-                                         f"does not have ({stem}.yaml or .py): the results it reports at that scale "
-                                         "are not reproducible from the folder; add the file or correct the README"))
-    return found
+                errors.append(ConfigError(display_path(readme), None, f"names {name}, which {display_path(folder)} "
+                                          f"does not have ({stem}.yaml or .py): the results it reports at that scale "
+                                          "are not reproducible from the folder; add the file or correct the README"))
+    return errors
 
 
 def _note_missing_scales(family: str, folder: Path, hardware: str, read: list[str], refused: list[ConfigError],

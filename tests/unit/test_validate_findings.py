@@ -69,9 +69,14 @@ overrides:
         f"error {suite}: overrides.computation-FP32.m: Input should be greater than 0 (got -1)",
         f"error {suite}: overrides.main_memory-bandwidth.timeout_s: Input should be a valid number (got 'x')",
     ]
-    # run stops at the first, in one line
+    # run says them all too, each its own line (it said the first alone: one fix per try)
     assert errors("run", "--suite", str(suite)) == [
-        f"error: {suite}: overrides.computation-FP32.min_duraton_s: unknown key (did you mean min_duration_s?)"]
+        f"error: {suite}: overrides.computation-FP32.min_duraton_s: unknown key (did you mean min_duration_s?)",
+        f"error: {suite}: overrides.computation-FP32.warmup_iter: unknown key (did you mean warmup_iters or "
+        "min_iters?)",
+        f"error: {suite}: overrides.computation-FP32.m: Input should be greater than 0 (got -1)",
+        f"error: {suite}: overrides.main_memory-bandwidth.timeout_s: Input should be a valid number (got 'x')",
+    ]
 
 
 def test_a_suites_own_keys_are_all_said_with_the_nearest_one(tmp_path: Path) -> None:
@@ -217,12 +222,14 @@ def test_a_suite_where_an_inventory_goes_and_the_other_way_round_is_named(tmp_pa
     inventory = write(tmp_path / "inv.yaml", "defaults: {transport: local}\nhosts: [{name: a}]\n")
     assert errors("run", "--inventory", str(suite)) == [
         f"error: {suite}: cases: unknown key (this looks like a suite file; --inventory takes an inventory: hosts, "
-        "defaults, vendor)"]
+        "defaults, vendor)",
+        f"error: {suite}: name: unknown key (known: vendor, master_port, defaults, hosts, endpoints)"]
     assert errors("nightly", "--inventory", str(suite))[0].startswith(
         f"error: {suite}: cases: unknown key (this looks like a suite file;")
     assert errors("run", "--suite", str(inventory)) == [
         f"error: {inventory}: defaults: unknown key (this looks like an inventory; --suite takes a suite: name, "
-        "cases, rounds, overrides)"]
+        "cases, rounds, overrides)",
+        f"error: {inventory}: hosts: unknown key (known: name, description, cases, rounds, overrides)"]
     assert errors("run", "--host-config", str(suite)) == [
         f"error: {suite}: HOSTS: required key is missing (this looks like a suite file; --host-config takes "
         "FlagPerf's host.yaml)"]

@@ -271,6 +271,7 @@ def test_the_packages_an_install_step_names_and_the_scales_a_case_readme_names_a
     cases = tmp_path / "cases"
     shutil.copytree(FIXTURE / "cases", cases)
     monkeypatch.setenv("FLAGPERF_CASE_PATH", str(cases))
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(tmp_path))  # validate finds the vendor's <hw> as a run would
     adapted = cases / "training" / "adapted-mlp" / "vendor" / "testvendor"
     (adapted / "config_testvendorx1x1.yaml").write_text("{}\n")
     readme = adapted / "README.md"
@@ -301,3 +302,246 @@ def validate_findings(path: Path) -> list[str]:
     except FlagperfError as exc:
         return [str(finding) for finding in findings(exc)]
     return []
+
+
+def _image_findings(tmp_path: Path, dockerfile: str, script: str | None = None,
+                    files: tuple[str, ...] = ()) -> tuple[Findings, Path]:
+    """_check_image of the test vendor whose pytorch/ folder has this Dockerfile (and install.sh, and these files)."""
+    folder = tmp_path / "testvendor"
+    shutil.copytree(FIXTURE / "vendors" / "testvendor", folder)
+    context = folder / "pytorch"
+    (context / "Dockerfile").write_text(dockerfile)
+    if script is None:
+        (context / "install.sh").unlink()
+    else:
+        (context / "install.sh").write_text(script)
+    for name in files:
+        (context / name).parent.mkdir(parents=True, exist_ok=True)
+        (context / name).write_text("x\n")
+    found = Findings()
+    _check_image(Vendor(manifest=load_vendor_manifest(folder / MANIFEST), location=str(folder)), found)
+    return found, context
+
+
+def test_a_packages_path_the_build_writes_itself_is_not_missing(tmp_path: Path) -> None:
+    """FlagPerf's guide has install scripts fetch what they install into packages/: a path the build makes (mkdir,
+    a redirection, tar -C, cp's or mv's destination, pip download -d) was said to be missing from the folder. It is
+    not looked for now, nor anything under it; one the build does not write still is. Where the build downloads
+    anything, a path not found may be one of the downloads: a note, not a problem."""
+    script = ("#!/bin/sh\nmkdir -p packages/build\necho done > packages/build/x.log\n"
+              "tar -C packages/src -xzf /tmp/src.tgz && sh packages/src/acme/setup.sh\n"
+              "cp /tmp/driver.run packages/driver.run; sh packages/driver.run\n"
+              "mv /tmp/w packages/wheels && pip install packages/wheels/*.whl\n"
+              "sh packages/missing.run\n")
+    dockerfile = "FROM scratch\nCOPY install.sh /opt/\nRUN sh /opt/install.sh >packages/install.log\n"
+    found, context = _image_findings(tmp_path, dockerfile, script)
+    assert found.problems == [f"{display_path(context / 'install.sh')}: line 7: names packages/missing.run, which is "
+                              f"not in {display_path(context)} (FlagPerf's packages/ goes beside the Dockerfile)"], \
+        found.problems
+    downloading = ("#!/bin/sh\npip download -d /tmp/w acme-torch\ncd packages && wget https://example.com/acme.run\n"
+                   "sh packages/acme.run\nwget -P packages/dl/ https://example.com/b.run && sh packages/dl/b.run\n")
+    found, context = _image_findings(tmp_path / "2", dockerfile, downloading)
+    assert found.problems == [] and found.notes == [
+        f"{display_path(context / 'install.sh')}: line 4: names packages/acme.run, which is not in "
+        f"{display_path(context)}: the build downloads files (wget, curl, pip download), so it may be one of them; if "
+        "not, FlagPerf's packages/ goes beside the Dockerfile"], (found.problems, found.notes)
+
+
+def test_a_variable_in_a_packages_name_is_a_glob(tmp_path: Path) -> None:
+    """packages/acme_torch-${VER}-py3-none-any.whl was read as packages/acme_torch- (cut at the $) and said missing
+    though the wheel was there. Each $VAR or ${VAR} is now any text (a glob that needs one match); a name the shell
+    alone decides ($(...), ${VAR:-x}) is not judged."""
+    script = ("#!/bin/sh\npip install packages/acme_torch-${VER}-py3-none-any.whl \"packages/acme_$KIND.run\"\n"
+              "sh packages/acme-$(uname -m).run packages/x-${V:-1}.run\nsh packages/acme_driver-${VER}.run\n")
+    found, context = _image_findings(tmp_path, "FROM scratch\nCOPY install.sh /opt/\nRUN sh /opt/install.sh\n",
+                                     script, ("packages/acme_torch-1.0-py3-none-any.whl", "packages/acme_gpu.run"))
+    script_name = display_path(context / "install.sh")
+    assert found.problems == [f"{script_name}: line 4: names packages/acme_driver-${{VER}}.run, "
+                              f"which is not in {display_path(context)} (FlagPerf's packages/ goes beside the "
+                              "Dockerfile)"], found.problems
+
+
+def test_the_dockerfile_is_read_as_docker_joins_its_instructions(tmp_path: Path) -> None:
+    """Only a physical line starting with RUN was read: a continuation line, a heredoc's body and a lower-case run
+    were never looked at, and a # inside quotes cut the name. Each instruction is now read whole (continuations
+    joined, comment lines inside dropped, heredoc bodies with it), said at its first line."""
+    dockerfile = ("FROM scratch\nrun pip install \\\n  # the wheel\n    packages/missing-a.whl\n"
+                  "RUN pip install \"packages/has#hash.whl\"  # packages/comment.whl\n"
+                  "RUN <<EOF\npip install packages/missing-b.whl\nEOF\n")
+    found, context = _image_findings(tmp_path, dockerfile, None, ("packages/has#hash.whl",))
+    where, shown = display_path(context / "Dockerfile"), display_path(context)
+    assert found.problems == [f"{where}: line {number}: names packages/{name}, which is not in {shown} (FlagPerf's "
+                              "packages/ goes beside the Dockerfile)"
+                              for number, name in ((2, "missing-a.whl"), (6, "missing-b.whl"))], found.problems
+
+
+def test_an_install_script_is_read_only_as_a_regular_file_in_its_folder(tmp_path: Path) -> None:
+    """An install script that is a link out of the folder was read through it, pieces of the file there quoted; one
+    that is not text was a problem of the vendor folder. A link is left to the link scans now; a file that cannot
+    be read as text is not checkable here."""
+    outside = tmp_path / "elsewhere.sh"
+    outside.write_text("sh packages/secret-name.run\n")
+    _, context = _image_findings(tmp_path, "FROM scratch\nCOPY install.sh /opt/\nRUN sh /opt/install.sh\n",
+                                 "x\n")
+    (context / "install.sh").unlink()
+    (context / "install.sh").symlink_to(outside)
+    linked = Findings()
+    _check_image(Vendor(manifest=load_vendor_manifest(context.parent / MANIFEST), location=str(context.parent)),
+                 linked)
+    assert not any("secret-name" in line for line in linked.problems + linked.notes + linked.not_checkable), linked
+    (context / "install.sh").unlink()
+    (context / "install.sh").write_bytes(b"\xff\xfe packages/x\n")
+    binary = Findings()
+    _check_image(Vendor(manifest=load_vendor_manifest(context.parent / MANIFEST), location=str(context.parent)),
+                 binary)
+    assert binary.problems == [] and binary.not_checkable == [
+        f"{display_path(context / 'install.sh')}: the packages/ paths it names are not checked (not UTF-8 text)"], \
+        binary
+
+
+def test_the_image_ok_line_depends_on_this_dockerfile_s_problems_alone(tmp_path: Path) -> None:
+    """With container.dockerfile: Dockerfile the build context is the vendor folder, and any earlier problem of a
+    file in it (vendor.yaml's, a monitor's) took the image's ok line away. Only the Dockerfile's check counts now."""
+    from flagperf.hosts.vendorcheck import _check_dockerfile
+
+    folder = tmp_path / "acme"
+    folder.mkdir()
+    (folder / "Dockerfile").write_text("FROM scratch\nRUN true\n")
+    found = Findings(problems=[f"{display_path(folder / MANIFEST)}: container.shm_size: too small"])
+    _check_dockerfile(folder / "Dockerfile", found)
+    assert found.passed == [f"image {display_path(folder / 'Dockerfile')}"], found
+
+
+def test_a_case_readme_is_held_to_the_scale_files_of_this_vendor_s_hardware_it_names_here(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A case README's scale names were all held to the folder: a URL to FlagPerf's file, NVIDIA's file it compares
+    with, a path elsewhere were said missing, while a name in Chinese prose was never seen (no word boundary next to
+    a CJK letter); every family's README was read, every README* file (README.bak too), and one that is a link out
+    was read through it. Now: names of the vendor's hardware, bare or under ./ or config/, in a training case's
+    README, README.md, README_CN.md ...; a link is the link scans', a README not readable as text not checkable."""
+    from flagperf.config.cases import available_cases, load_case
+    from flagperf.hosts.vendorcheck import _check_case, readme_scale_findings
+
+    folder = tmp_path / "testvendor"
+    shutil.copytree(FIXTURE / "vendors" / "testvendor", folder)
+    vendor = Vendor(manifest=load_vendor_manifest(folder / MANIFEST), location=str(folder))
+    cases = tmp_path / "cases"
+    shutil.copytree(FIXTURE / "cases", cases)
+    base = cases / "base" / "readme-gemm"
+    base.mkdir(parents=True)
+    (base / "case.yaml").write_text((PROJECT_ROOT / "cases" / "base" / "computation-FP32" / "case.yaml").read_text()
+                                    .replace("name: computation-FP32", "name: readme-gemm"))
+    (base / "vendor" / "testvendor").mkdir(parents=True)
+    (base / "vendor" / "testvendor" / "README.md").write_text("| 1x8 | config_testvendorx1x8.py |\n")
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(cases))
+    adapted = cases / "training" / "adapted-mlp" / "vendor" / "testvendor"
+    (adapted / "config_testvendorx1x1.yaml").write_text("{}\n")
+    (adapted / "README.md").write_text(
+        "From [FlagPerf](https://github.com/FlagOpen/FlagPerf/blob/main/training/x/config_testvendorx1x8.py), "
+        "compared with NVIDIA's config_A100x1x8.py and ../other/config_testvendorx2x4.py.\n"
+        "1x1: config/config_testvendorx1x1.py; 1x4: ./config_testvendorx1x4.yaml\n"
+        "2x8 的配置为config_testvendorx2x8.py中所写。\n")
+    (adapted / "README_CN.md").write_text("4x8: `config_testvendorx4x8.py`\n")
+    (adapted / "README.bak").write_text("config_testvendorx8x8.py\n")
+    found = Findings()
+    _check_case(vendor, load_case("readme-gemm", available_cases()), found)  # not a training case: not read
+    for error in readme_scale_findings(adapted, "testvendor", found):  # what _check_case of adapted-mlp runs
+        found.add_error(error)
+    tail = ("the results it reports at that scale are not reproducible from the folder; add the file or correct the "
+            "README")
+    assert [p for p in found.problems if "README" in p] == [
+        f"{display_path(adapted / readme)}: names {name}, which {display_path(adapted)} does not have ({stem}.yaml or "
+        f".py): {tail}" for readme, name, stem in (
+            ("README.md", "config_testvendorx1x4.yaml", "config_testvendorx1x4"),
+            ("README.md", "config_testvendorx2x8.py", "config_testvendorx2x8"),
+            ("README_CN.md", "config_testvendorx4x8.py", "config_testvendorx4x8"))], found.problems
+    outside = tmp_path / "elsewhere.md"
+    outside.write_text("config_testvendorx3x8.py\n")
+    (adapted / "README_CN.md").unlink()
+    (adapted / "README_CN.md").symlink_to(outside)
+    (adapted / "README.md").write_bytes(b"\xff config_testvendorx5x8.py\n")
+    found = Findings()
+    for error in readme_scale_findings(adapted, "testvendor", found):  # the link is the link scans', not read
+        found.add_error(error)
+    assert found.problems == [] and found.not_checkable == [
+        f"{display_path(adapted / 'README.md')}: the scale files it names are not checked (not UTF-8 text)"], found
+
+
+def _validated(path: Path) -> tuple[list[str], list[str]]:
+    """`flagperf validate`'s finding lines and notes of one file (its check, in this process)."""
+    from flagperf.errors import FlagperfError, findings
+    from flows.cli import _check_file
+
+    notes: list[str] = []
+    try:
+        _check_file(path, notes)
+    except FlagperfError as exc:
+        return [str(finding) for finding in findings(exc)], notes
+    return [], notes
+
+
+def test_validate_of_a_packages_file_scans_the_links_first_and_reads_nothing_through_them(tmp_path: Path) -> None:
+    """validate of a file of packages/ skipped the link scans vendor check runs first: a wheel that is a link to
+    /etc/hostname was ok, and an install script that is a link out of the folder was read and its names quoted. The
+    build context's links are scanned first now; a script is read only inside it. The Dockerfile is any one vendor
+    check checks: container.dockerfile by its own name (img/Dockerfile.acme) too."""
+    folder = tmp_path / "testvendor"
+    shutil.copytree(FIXTURE / "vendors" / "testvendor", folder)
+    context = folder / "pytorch"
+    (context / "packages").mkdir()
+    wheel = context / "packages" / "a.whl"
+    wheel.write_text("wheel\n")
+    (context / "packages" / "out.whl").symlink_to("/etc/hostname")
+    errors, _ = _validated(wheel)
+    assert errors == [f"{display_path(context / 'packages' / 'out.whl')}: links to /etc/hostname by its absolute "
+                      "path: where the vendor folder is at another path (a clone of it, a host's copy, a round's "
+                      "container) it leads nowhere; make the link relative, to a file inside the vendor folder, or "
+                      "copy the file"], errors
+    (context / "packages" / "out.whl").unlink()
+    outside = tmp_path / "elsewhere.sh"
+    outside.write_text("sh packages/secret-name.run\n")
+    (context / "install.sh").unlink()
+    (context / "install.sh").symlink_to(os.path.relpath(outside, context))  # relative, out of the vendor folder
+    errors, notes = _validated(wheel)
+    assert errors and not any("secret-name" in line for line in errors + notes), (errors, notes)
+    (context / "install.sh").unlink()
+    (context / "install.sh").write_text("sh packages/a.whl\n")
+    manifest = folder / MANIFEST
+    (folder / "img").mkdir()
+    (folder / "img" / "Dockerfile.acme").write_text("FROM scratch\nRUN pip install packages/b.whl packages/c.whl\n")
+    (folder / "img" / "packages").mkdir()
+    (folder / "img" / "packages" / "b.whl").write_text("wheel\n")
+    manifest.write_text(manifest.read_text().replace("dockerfile: pytorch/Dockerfile",
+                                                     "dockerfile: img/Dockerfile.acme"))
+    assert "img/Dockerfile.acme" in manifest.read_text()
+    errors, _ = _validated(folder / "img" / "packages" / "b.whl")
+    assert errors == [f"{display_path(folder / 'img' / 'Dockerfile.acme')}: line 2: names packages/c.whl, which is "
+                      f"not in {display_path(folder / 'img')} (FlagPerf's packages/ goes beside the Dockerfile)"
+                      ], errors
+
+
+def test_validate_of_a_case_readme_reads_that_readme_alone_and_none_through_a_link(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """validate of one README of a case adaptation said every README's problems, and read a README* that is a link
+    out of the folder (quoting the file there). It reads the README given now, and one that is a link is not read:
+    a note says its scale files are not checked."""
+    shutil.copytree(FIXTURE / "vendors" / "testvendor", tmp_path / "vendors" / "testvendor")
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(tmp_path / "vendors"))
+    cases = tmp_path / "cases"
+    shutil.copytree(FIXTURE / "cases", cases)
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(cases))
+    adapted = cases / "training" / "adapted-mlp" / "vendor" / "testvendor"
+    (adapted / "README.md").write_text("1x8: config_testvendorx1x8.py\n")
+    (adapted / "README_CN.md").write_text("2x8: config_testvendorx2x8.py\n")
+    outside = tmp_path / "elsewhere.md"
+    outside.write_text("4x8: config_testvendorx4x8.py\n")
+    (adapted / "README_EN.md").symlink_to(outside)
+    errors, _ = _validated(adapted / "README.md")
+    assert errors == [f"{display_path(adapted / 'README.md')}: names config_testvendorx1x8.py, which "
+                      f"{display_path(adapted)} does not have (config_testvendorx1x8.yaml or .py): the results it "
+                      "reports at that scale are not reproducible from the folder; add the file or correct the README"
+                      ], errors
+    errors, notes = _validated(adapted / "README_EN.md")
+    assert errors == [] and notes == [
+        f"{display_path(adapted / 'README_EN.md')}: a link, not read (the vendor folder's link scans say where it "
+        "leads); the scale files it names are not checked"], (errors, notes)

@@ -1396,11 +1396,35 @@ def test_a_bad_options_of_an_inference_engine_is_one_line_naming_it_where_it_mat
         lines = [str(finding) for finding in (raised.value, *raised.value.more)]
         assert len(lines) == 2 and lines[0].startswith(broken) and lines[1].startswith(typo) \
             and lines[1].endswith(unless), (sets, lines)
+    # flagperf run printed the first finding alone (the engine.yaml's), so the typo stayed hidden on the console.
+    if options == "null":  # one variant is enough: the command's printing, not the finding, is under test
+        from typer.testing import CliRunner
+
+        from flows.cli import app
+
+        said = CliRunner().invoke(app, ["run", "--cases", "walk-infer", "--vendor", "acme", "--set", "batch_sze=2",
+                                        "--results", str(tmp_path / "results")])
+        errors = [" ".join(line.split()) for line in said.output.split("error:")[1:]]
+        assert said.exit_code == 2 and len(errors) == 2 and errors[0].startswith(broken) \
+            and errors[1].startswith("--set: batch_sze: no selected case has this key") \
+            and errors[1].endswith(unless), said.output
     settings.write_text("compiler: acmert\n")
     code, lines = validate_lines(settings)
     assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error {broken}"), lines
     code, lines = validate_lines(engine)
     assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error {broken}"), lines
+
+
+def test_an_unknown_key_names_each_engine_that_cannot_say_its_options_in_number() -> None:
+    """Two broken engines read "unless engine acmert, acmert2 reads it: their engine.yaml cannot be read"."""
+    from flagperf.config.engines import unless_declared_by
+
+    error = ConfigError("engine.yaml", "options", "must be a list")
+    assert unless_declared_by({}) == ""
+    assert unless_declared_by({"acmert": error}) == (", unless engine acmert reads it: its engine.yaml cannot be read "
+                                                     "(said beside this)")
+    assert unless_declared_by({"acmert2": error, "acmert": error}) == (
+        ", unless engines acmert, acmert2 read it: their engine.yaml files cannot be read (said beside this)")
 
 
 def test_vendor_check_notes_the_scales_the_guide_asks_for_that_a_case_lacks(walk: Path) -> None:

@@ -1,0 +1,222 @@
+"""What a vendor's image build does, read (never run) for vendor check: a Dockerfile's instructions as Docker joins
+them (continuation lines, heredoc bodies, comment lines dropped), and the shell words of a RUN step or an install
+script, with the paths those steps write (so a packages/ file the build downloads is not said to be missing) and
+whether they download anything. Read loosely on purpose: what cannot be parsed makes the check say less, never
+more."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+# <<EOF, <<-EOF, <<"EOF", <<'EOF': Docker's (BuildKit) heredocs, whose body lines follow the instruction.
+HEREDOC = re.compile(r"(?<!<)<<(-?)\s*([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
+# A shell variable in a path: $NAME or ${NAME}; anything more ($(...), ${NAME:-x}) makes the path unknowable here.
+VARIABLE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}|\$[A-Za-z_][A-Za-z0-9_]*")
+OPERATORS = {";", "&&", "||", "|", "&", "(", ")", ";;", "|&"}
+REDIRECTS = {">", ">>", ">|", "&>", "&>>"}
+# Words before the command itself.
+PREFIXES = {"sudo", "env", "exec", "time", "then", "do", "else", "elif", "if", "while", "until", "!", "nohup", "{"}
+# The options whose value is a path the command writes, per command (the value may be attached: -Ox, --dest=x).
+WRITING_OPTIONS = {
+    "wget": {"-O", "-P", "--output-document", "--directory-prefix"},
+    "curl": {"-o", "--output", "--output-dir"},
+    "pip": {"-d", "--dest", "-w", "--wheel-dir"},
+    "tar": {"-C", "--directory"},
+    "unzip": {"-d"},
+    "cp": {"-t", "--target-directory"},
+    "mv": {"-t", "--target-directory"},
+}
+ALL_ARGUMENTS = {"mkdir", "touch", "tee"}  # every argument is written
+LAST_ARGUMENT = {"cp", "mv", "ln", "rsync", "install"}  # the destination
+
+
+@dataclass(frozen=True)
+class Instruction:
+    line: int  # where it starts
+    keyword: str  # upper case: Docker reads RUN and run alike
+    text: str  # its arguments, continuation lines joined; each heredoc's body after a newline
+
+
+def dockerfile_instructions(text: str) -> list[Instruction]:
+    """A Dockerfile's instructions as Docker reads them: a line ending in a backslash goes on with the next (comment
+    and empty lines inside are dropped), a line starting with # is a comment, and each heredoc's body (up to its
+    end word) belongs to the instruction that opened it."""
+    lines = text.splitlines()
+    found: list[Instruction] = []
+    index = 0
+    while index < len(lines):
+        start, parts = index + 1, [lines[index]]
+        index += 1
+        if not parts[0].strip() or parts[0].lstrip().startswith("#"):
+            continue
+        while parts[-1].rstrip().endswith("\\") and index < len(lines):
+            parts[-1] = parts[-1].rstrip()[:-1]
+            # comment and empty lines inside an instruction are dropped; it goes on with the line after them
+            while index < len(lines) and (not lines[index].strip() or lines[index].lstrip().startswith("#")):
+                index += 1
+            if index < len(lines):
+                parts.append(lines[index])
+                index += 1
+        logical = " ".join(part.strip() for part in parts)
+        keyword, rest = [*logical.split(None, 1), ""][:2]
+        bodies = []
+        for match in HEREDOC.finditer(rest) if keyword.upper() in ("RUN", "COPY", "ADD") else ():
+            body = []
+            while index < len(lines):
+                line = lines[index]
+                index += 1
+                if (line.lstrip("\t") if match.group(1) else line) == match.group(3):
+                    break
+                body.append(line)
+            bodies.append("\n".join(body))
+        found.append(Instruction(start, keyword.upper(), "\n".join([rest.strip(), *bodies])))
+    return found
+
+
+def shell_lines(text: str) -> list[tuple[int, str]]:
+    """A script's logical lines (a backslash at the end goes on with the next), each with its first line's number."""
+    found: list[tuple[int, str]] = []
+    lines = text.splitlines()
+    index = 0
+    while index < len(lines):
+        start, line = index + 1, lines[index]
+        index += 1
+        while line.endswith("\\") and index < len(lines):
+            line = line[:-1] + " " + lines[index]
+            index += 1
+        found.append((start, line))
+    return found
+
+
+def _without_comment(line: str) -> str:
+    """``line`` up to its comment: a # that starts a word outside quotes (a # inside a word or quotes is kept)."""
+    quote, escaped = "", False
+    for position, char in enumerate(line):
+        if escaped:
+            escaped = False
+        elif char == "\\" and quote != "'":
+            escaped = True
+        elif quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (position == 0 or line[position - 1] in " \t;&|()"):
+            return line[:position]
+    return line
+
+
+def shell_words(line: str) -> list[str]:
+    """One logical line's words, quotes removed, operators (; && | > ...) as words of their own; a line the shell
+    grammar cannot split (an unclosed quote) split at blanks."""
+    line = _without_comment(line)
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    try:
+        return list(lexer)
+    except ValueError:
+        return line.split()
+
+
+def as_glob(word: str) -> str | None:
+    """A path word with each $VAR / ${VAR} as * (a glob of what it may be), ./ and a trailing / dropped; None where
+    what is left still depends on the shell ($(...), ${VAR:-x}, {a,b})."""
+    globbed = VARIABLE.sub("*", word)
+    if re.search(r"[${}`]", globbed):
+        return None
+    while globbed.startswith("./"):
+        globbed = globbed[2:]
+    return globbed.rstrip("/") or None
+
+
+@dataclass
+class BuildWrites:
+    """What the steps read so far write (paths, as globs) and whether any downloads (wget, curl, pip download or
+    wheel): a packages/ path not found may then be made by the build itself."""
+
+    written: list[str] = field(default_factory=list)
+    downloads: bool = False
+
+    def read(self, words: Iterable[str]) -> None:
+        for command in _commands(list(words)):
+            self._command(command)
+
+    def _command(self, words: list[str]) -> None:
+        rest: list[str] = []
+        index = 0
+        while index < len(words):
+            word = words[index]
+            if word in REDIRECTS and index + 1 < len(words):
+                self._wrote(words[index + 1])
+                index += 2
+                continue
+            if word in {"<", "<<", "<<<"}:
+                index += 2
+                continue
+            rest.append(word)
+            index += 1
+        while rest and (rest[0] in PREFIXES or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", rest[0])):
+            rest = rest[1:]
+        if not rest:
+            return
+        name = PurePosixPath(rest[0]).name
+        arguments = rest[1:]
+        if re.fullmatch(r"python[0-9.]*", name) and arguments[:2] == ["-m", "pip"]:
+            name, arguments = "pip", arguments[2:]
+        name = "pip" if re.fullmatch(r"pip[0-9.]*", name) else name
+        if name in ("wget", "curl") or (name == "pip" and arguments[:1] in (["download"], ["wheel"])):
+            self.downloads = True
+        if name == "git" and arguments[:1] == ["clone"]:
+            self.downloads = True
+            places = [word for word in arguments[1:] if not word.startswith("-")]
+            if len(places) >= 2:
+                self._wrote(places[-1])
+        options = WRITING_OPTIONS.get(name, set())
+        plain = []
+        index = 0
+        while index < len(arguments):
+            word = arguments[index]
+            index += 1
+            if word.startswith("-") and word != "-":
+                option, equals, value = word.partition("=")
+                if option in options and equals:
+                    self._wrote(value)
+                elif word in options and index < len(arguments):
+                    self._wrote(arguments[index])
+                    index += 1
+                elif not word.startswith("--") and len(word) > 2 and word[:2] in options:  # -Ofile
+                    self._wrote(word[2:])
+                continue
+            plain.append(word)
+        if name in ALL_ARGUMENTS:
+            for word in plain:
+                self._wrote(word)
+        elif name in LAST_ARGUMENT and len(plain) >= 2:
+            self._wrote(plain[-1])
+
+    def _wrote(self, word: str) -> None:
+        path = as_glob(word)
+        if path is not None and path not in self.written:
+            self.written.append(path)
+
+    def made(self, path: str) -> bool:
+        """Whether ``path`` (a glob of as_glob's) is one the steps write, or lies under one."""
+        return any(path == place or path.startswith(f"{place}/") or fnmatch.fnmatchcase(path, place)
+                   or fnmatch.fnmatchcase(path, f"{place}/*") or fnmatch.fnmatchcase(place, path)
+                   for place in self.written)
+
+
+def _commands(words: list[str]) -> list[list[str]]:
+    """The simple commands of a line's words: split at ; && || | & and parentheses."""
+    commands: list[list[str]] = [[]]
+    for word in words:
+        if word in OPERATORS:
+            commands.append([])
+        else:
+            commands[-1].append(word)
+    return [command for command in commands if command]
