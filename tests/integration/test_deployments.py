@@ -614,27 +614,15 @@ def test_a_round_the_interrupt_stopped_ends_cancelled_and_is_not_retried(tmp_pat
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     from flagperf.config.plan import PLAN_FILE, plan_run
-    from flagperf.hosts.inventory import HostSpec
-    from flagperf.hosts.local import LocalHost
     from flagperf.hosts.ssh import SshError
     from flagperf.hosts.threads import HOST_THREADS, HostThreads, RoundsStopped
     from flagperf.results.schema import RESULT_FILE, round_dir
     from flows import host_round as host_round_module
+    from tests.unit.rounds import closed_by_interrupt
 
     threads = HostThreads()
     calls: list[list[str]] = []
-
-    class ClosedByInterrupt(LocalHost):
-        def run(self, argv, *, timeout, log_path=None, on_line=None, pid_file=None):  # type: ignore[no-untyped-def]
-            if pid_file is None:  # not the case's command
-                return super().run(argv, timeout=timeout, log_path=log_path, on_line=on_line)
-            calls.append(argv)
-            threads.stop()  # Ctrl-C arrives, and close_hosts() closes the channel under the command
-            raise SshError("fp-h1: the SSH connection was closed")
-
-    spec = HostSpec.model_validate({"name": "a", "transport": "local", "runtime": "process",
-                                    "work_root": str(tmp_path / "a")})
-    host = ClosedByInterrupt(name="a", work_root=tmp_path / "a")
+    spec, host = closed_by_interrupt(tmp_path, threads, calls)
     monkeypatch.setattr(host_round_module, "open_host", lambda spec, on_host=False: host)
     plan = plan_run(cases=["computation-FP32"], sets=["max_retries=2"], results_dir=tmp_path / "results",
                     run_id="run-a")

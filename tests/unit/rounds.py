@@ -7,6 +7,10 @@ from pathlib import Path
 from flagperf.config.job import Job
 from flagperf.config.plan import plan_run
 from flagperf.entry import run_job
+from flagperf.hosts.inventory import HostSpec
+from flagperf.hosts.local import LocalHost
+from flagperf.hosts.ssh import SshError
+from flagperf.hosts.threads import HostThreads
 
 
 def run_local_round(tmp_path: Path, case: str, *sets: str) -> tuple[int, Path]:
@@ -19,3 +23,20 @@ def run_local_round(tmp_path: Path, case: str, *sets: str) -> tuple[int, Path]:
     out.mkdir()
     (out / "job.json").write_text(job.model_dump_json())
     return run_job(job, out), out
+
+
+def closed_by_interrupt(tmp_path: Path, threads: HostThreads, calls: list[list[str]]) -> tuple[HostSpec, LocalHost]:
+    """Host ``a``, local, whose case command meets what an SSH host's does at Ctrl-C: the stop is set and
+    close_hosts() closes the channel under the command, which fails with an SshError (each call in ``calls``)."""
+
+    class ClosedByInterrupt(LocalHost):
+        def run(self, argv, *, timeout, log_path=None, on_line=None, pid_file=None):  # type: ignore[no-untyped-def]
+            if pid_file is None:  # not the case's command
+                return super().run(argv, timeout=timeout, log_path=log_path, on_line=on_line)
+            calls.append(argv)
+            threads.stop()
+            raise SshError("fp-h1: the SSH connection was closed")
+
+    spec = HostSpec.model_validate({"name": "a", "transport": "local", "runtime": "process",
+                                    "work_root": str(tmp_path / "a")})
+    return spec, ClosedByInterrupt(name="a", work_root=tmp_path / "a")

@@ -201,21 +201,11 @@ def test_a_round_whose_ssh_channel_the_interrupt_closed_is_stopped_not_failed(tm
     from flagperf.hosts.ssh import SshError
     from flagperf.results.schema import RESULT_FILE, round_dir
     from flows.host_round import node_round
+    from tests.unit.rounds import closed_by_interrupt
 
     threads = HostThreads()
     calls: list[list[str]] = []
-
-    class ClosedByInterrupt(LocalHost):
-        def run(self, argv, *, timeout, log_path=None, on_line=None, pid_file=None):  # type: ignore[no-untyped-def]
-            if pid_file is None:  # not the case's command
-                return super().run(argv, timeout=timeout, log_path=log_path, on_line=on_line)
-            calls.append(argv)
-            threads.stop()  # Ctrl-C arrives, and close_hosts() closes the channel under the command
-            raise SshError("fp-h1: the SSH connection was closed")
-
-    spec = HostSpec.model_validate({"name": "a", "transport": "local", "runtime": "process",
-                                    "work_root": str(tmp_path / "a")})
-    host = ClosedByInterrupt(name="a", work_root=tmp_path / "a")
+    spec, host = closed_by_interrupt(tmp_path, threads, calls)
     plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
     case = plan.cases[0].model_copy(update={"max_retries": 2})
     token = HOST_THREADS.set(threads)
