@@ -55,8 +55,12 @@ from flagperf.results.schema import CASE_LOG_FILE
 logger = logging.getLogger("flagperf.hosts.docker")
 BUILD_TIMEOUT_S = 3600
 API_TIMEOUT_S = 120
-# A clean-up's own calls: a hung engine costs an interrupted run this much per host at most, not API_TIMEOUT_S
+# A clean-up's own calls: a hung engine costs an interrupted run this much per call, not API_TIMEOUT_S
 STOP_TIMEOUT_S = 30
+# How long a clean-up looks again at containers whose removal the engine answered late (a large container's files on
+# vfs, a loaded machine: the removal goes on there) until each no longer runs: a host's clean-up costs this at most
+STOP_WAIT_S = 120
+LIVE_STATES = ("running", "paused", "restarting")  # the engine's list State of a container whose processes still run
 LABEL = "org.flagperf"
 # A value the controller labels every container it starts with (org.flagperf.owner): whoever shares an engine (a test
 # bed, a lab's deployments) can find and remove its own containers, and only those.
@@ -536,28 +540,52 @@ class DockerRuntime(Runtime):
     def stop_run(cls, host: Host, spec: HostSpec, run_id: str) -> str | None:
         """Force-remove the run's containers on ``host`` (labels org.flagperf.run and .host, and the owner's) over a
         new link: a round whose connection was closed at an interrupt could not remove its own, which would go on
-        writing into the folder the clean-up removes. Why some may still run, or None."""
+        writing into the folder the clean-up removes. Why some may still run, or None. A removal answered later than
+        STOP_TIMEOUT_S (or one already under way: its round's own try) goes on at the engine, which kills the
+        container first: the run's containers are listed again until none asked for still runs (its removal may
+        still be under way), for STOP_WAIT_S at most."""
         docker = require_docker()
         wanted = [f"{LABEL}.run={run_id}", f"{LABEL}.host={host.name}",
                   *(f"{key}={value}" for key, value in owner_labels().items())]
+        deadline = time.monotonic() + STOP_WAIT_S
         try:
             client = engine_client(host, spec, timeout=STOP_TIMEOUT_S)
             try:
-                # sparse: no inspect of each listed container, which one removed meanwhile would fail (NotFound)
-                for container in client.containers.list(all=True, sparse=True, filters={"label": wanted}):
-                    try:
-                        container.remove(force=True)
-                    except docker.errors.NotFound:  # removed meanwhile (its round's own try)
-                        pass
-                    except docker.errors.APIError as exc:
-                        if not removal_in_progress(exc):  # one under way (its round's own) has killed it already
-                            raise
+                asked: set[str] = set()
+                said = ""
+                while True:
+                    # sparse: no inspect of each listed container, which one removed meanwhile would fail (NotFound)
+                    listed = client.containers.list(all=True, sparse=True, filters={"label": wanted})
+                    left = [c for c in listed if c.id not in asked or c.attrs.get("State") in LIVE_STATES]
+                    if not left:
+                        return None
+                    if asked and time.monotonic() >= deadline:
+                        return (f"its containers could not be removed: {len(left)} not ended after "
+                                f"{STOP_WAIT_S:.0f} s{f' (last: {said})' if said else ''}")
+                    pending = False
+                    for container in left:
+                        if asked and time.monotonic() >= deadline:  # said at the next listing: a hung engine
+                            pending = True  # costs STOP_WAIT_S, not STOP_TIMEOUT_S per container
+                            break
+                        asked.add(container.id)
+                        try:
+                            container.remove(force=True)
+                        except docker.errors.NotFound:  # removed meanwhile (its round's own try)
+                            pass
+                        except docker.errors.APIError as exc:
+                            if not removal_in_progress(exc):  # one under way (its round's own): looked at again
+                                raise
+                            pending = True
+                        except link_errors() as exc:  # answered late: the removal goes on; looked at again
+                            said, pending = _one_line(exc), True
+                    if not pending:
+                        return None
+                    time.sleep(1.0)  # a poll of the engine's own kill and removal, not a timing assumption
             finally:
                 with contextlib.suppress(Exception):  # closing a link that dropped: nothing to keep
                     client.close()
         except (docker.errors.DockerException, *link_errors()) as exc:
             return f"its containers could not be removed: {_one_line(exc)}"
-        return None
 
     def _wait(self, host: Host, container: Any, deadline: float) -> tuple[Any, int | None, bool, str | None]:
         """Wait for the container to end, killing it at ``deadline``: (the container as last reached, its exit

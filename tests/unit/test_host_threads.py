@@ -735,3 +735,58 @@ def test_a_removal_already_in_progress_is_told_from_other_conflicts() -> None:
     assert removal_in_progress(answer(409, "removal of container 0123 is already in progress"))
     assert not removal_in_progress(answer(409, "container 0123 is not running"))
     assert not removal_in_progress(answer(500, "removal of container 0123 is already in progress"))
+
+
+class SlowRemovalEngine:
+    """An engine as a loaded machine's vfs one answers: a forced removal kills the container at once, but deleting
+    its files outlasts the call's timeout (ReadTimeout) and goes on there; ``kills`` False: one that never kills."""
+
+    def __init__(self, kills: bool = True) -> None:
+        self.kills = kills
+        self.state = "running"
+        self.lists = 0
+        self.containers = self
+
+    def list(self, all: bool, sparse: bool, filters: dict[str, Any]) -> list[Any]:
+        self.lists += 1
+        return [self]
+
+    @property
+    def id(self) -> str:
+        return "0123"
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        return {"Id": self.id, "State": self.state}
+
+    def remove(self, force: bool) -> None:
+        import requests
+
+        if self.kills:
+            self.state = "removing"
+        raise requests.exceptions.ReadTimeout("SSHConnectionPool(host='localhost', port=None): Read timed out.")
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("kills", [True, False])
+def test_a_removal_answered_late_counts_once_its_container_no_longer_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kills: bool) -> None:
+    """The clean-up's removal of a round's container (stop_run) that the engine answers later than its timeout (a
+    1.7 GB container's files on a loaded machine's vfs) is no failure: the engine killed it and goes on removing it,
+    and the host counts as cleanable once the container is listed as no longer running. One that still runs after
+    STOP_WAIT_S is named (its host's folder is kept)."""
+    from flagperf.hosts import docker as docker_runtime
+
+    engine = SlowRemovalEngine(kills=kills)
+    monkeypatch.setattr(docker_runtime, "engine_client", lambda host, spec, timeout: engine)
+    monkeypatch.setattr(docker_runtime, "STOP_WAIT_S", 0.0 if not kills else docker_runtime.STOP_WAIT_S)
+    host = LocalHost(name="h1", work_root=tmp_path)
+    spec = HostSpec.model_validate({"name": "h1", "transport": "local", "runtime": "docker"})
+    said = docker_runtime.DockerRuntime.stop_run(host, spec, "run-a")
+    if kills:
+        assert said is None and engine.state == "removing" and engine.lists == 2, said
+    else:
+        assert said == ("its containers could not be removed: 1 not ended after 0 s (last: ReadTimeout: "
+                        "SSHConnectionPool(host='localhost', port=None): Read timed out.)"), said
