@@ -64,7 +64,7 @@ def test_a_size_an_ssh_host_cannot_hold_leaves_no_run_folder(tmp_path: Path, tes
     inventory.write_text(yaml.safe_dump({"hosts": [{
         "name": host.name, "address": host.address, "port": host.port, "user": host.user,
         "key_file": host.key_file, "known_hosts": testbed.known_hosts, "python": host.python,
-        "project_root": str(deployed), "connect_timeout_s": 5}]}), encoding="utf-8")
+        "project_root": str(deployed), "connect_timeout_s": 30}]}), encoding="utf-8")
     results = tmp_path / "results" / "nested"
     done = flagperf_run("--inventory", str(inventory), "--cases", "main_memory-bandwidth", "--set", TOO_BIG,
                         "--results", str(results))

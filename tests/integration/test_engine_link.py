@@ -49,7 +49,7 @@ def engine_host(testbed: Testbed) -> Iterator[tuple[SshHost, DockerRuntime, Path
         spec = HostSpec.model_validate({
             "name": bed_host.name, "address": bed_host.address, "port": bed_host.port, "user": bed_host.user,
             "key_file": bed_host.key_file, "known_hosts": testbed.known_hosts, "python": bed_host.python,
-            "project_root": str(root), "connect_timeout_s": 5, "runtime": "docker", "docker": {"engine": "ssh"}})
+            "project_root": str(root), "connect_timeout_s": 30, "runtime": "docker", "docker": {"engine": "ssh"}})
         host = SshHost(spec)
         user = pwd.getpwnam(bed_host.user)  # the test hosts are this machine's users
         runtime = DockerRuntime(container_settings(load_vendor("cpu"), spec, testbed.base_image),

@@ -56,7 +56,7 @@ def ssh_host(testbed: Testbed, work_root: Path) -> SshHost:
     return SshHost(HostSpec.model_validate({
         "name": bed_host.name, "address": bed_host.address, "port": bed_host.port, "user": bed_host.user,
         "key_file": Path(bed_host.key_file), "known_hosts": Path(testbed.known_hosts), "python": bed_host.python,
-        "project_root": str(ROOT), "connect_timeout_s": 5, "work_root": str(work_root)}))
+        "project_root": str(ROOT), "connect_timeout_s": 30, "work_root": str(work_root)}))
 
 
 def host_listing(testbed: Testbed, folder: Path) -> list[str]:
@@ -116,7 +116,7 @@ def test_a_host_disk_that_fills_stops_the_run_in_one_line_and_a_retry_finishes_i
         inventory.write_text(yaml.safe_dump({"hosts": [{
             "name": bed_host.name, "address": bed_host.address, "port": bed_host.port, "user": bed_host.user,
             "key_file": bed_host.key_file, "known_hosts": testbed.known_hosts, "python": bed_host.python,
-            "project_root": str(deployed), "connect_timeout_s": 5, "work_root": str(work),
+            "project_root": str(deployed), "connect_timeout_s": 30, "work_root": str(work),
             "env": {"FLAGPERF_CASE_PATH": str(deployed / "tests" / "fixtures" / "cases")}}]}), encoding="utf-8")
         results = tmp_path / "results"
         stopped = flagperf_run(["--inventory", str(inventory), "--cases", "fills-disk", "--rounds", "2",

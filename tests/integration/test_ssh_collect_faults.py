@@ -33,7 +33,7 @@ def host(testbed: Testbed) -> Iterator[SshHost]:
     ssh = SshHost(HostSpec.model_validate({
         "name": bed_host.name, "address": bed_host.address, "port": bed_host.port, "user": bed_host.user,
         "key_file": Path(bed_host.key_file), "known_hosts": Path(testbed.known_hosts), "python": bed_host.python,
-        "project_root": str(ROOT), "connect_timeout_s": 5}))
+        "project_root": str(ROOT), "connect_timeout_s": 30}))
     try:
         yield ssh
     finally:
@@ -173,7 +173,7 @@ def test_a_link_that_drops_while_a_round_is_collected_keeps_it_on_the_host_and_a
         inventory.write_text(yaml.safe_dump({"hosts": [{
             "name": bed_host.name, "address": "127.0.0.2", "port": proxy.port, "user": bed_host.user,
             "key_file": bed_host.key_file, "known_hosts": str(known_hosts), "python": bed_host.python,
-            "project_root": str(deployed), "connect_timeout_s": 5, "work_root": str(work),
+            "project_root": str(deployed), "connect_timeout_s": 30, "work_root": str(work),
             "env": {"FLAGPERF_CASE_PATH": str(deployed / "tests" / "fixtures" / "cases")}}]}), encoding="utf-8")
         results = tmp_path / "results"
         args = ["--inventory", str(inventory), "--cases", "waits", "--rounds", "1", "--set", "waits.hold_round=0",

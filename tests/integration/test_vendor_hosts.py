@@ -79,7 +79,7 @@ def test_a_scaffolded_vendor_runs_in_its_image_on_a_docker_host_and_an_ssh_host(
         host = testbed.hosts[index]
         return {"name": host.name, "address": host.address, "port": host.port, "user": host.user,
                 "key_file": host.key_file, "known_hosts": testbed.known_hosts, "python": host.python,
-                "project_root": str(deployed), "connect_timeout_s": 5, "env": env, "runtime": "docker",
+                "project_root": str(deployed), "connect_timeout_s": 30, "env": env, "runtime": "docker",
                 "docker": {"engine": engine, "build_args": {"BASE_IMAGE": testbed.base_image}}}
 
     inventory = tmp_path / "inventory.yaml"
