@@ -199,10 +199,11 @@ def hosts_left_out(run_dir: Path, summary: RunSummary) -> str | None:
     # going, so a round without a result may yet get one; with summary.json it ended, and one with no folder never
     # ran there
     written = summary_written(run_dir)
-    ended = interrupted is None and written == "ended"
+    # An empty record ({}) says no interruption, as the report reads it (its "interrupted" line is only for one)
+    ended = not interrupted and written == "ended"
 
     def why(case: str, round_no: int, host: str, rank: int, folder: bool) -> str:
-        if interrupted is not None:  # a folder of a round not started is one the stop left without a result
+        if interrupted:  # a folder of a round not started is one the stop left without a result
             which = kind(case, round_no, host, rank)
             return f"no {RESULT_FILE}" if folder and which == "not_started" else UNCOLLECTED[which]
         unfinished = (f"the run is not finished (no {SUMMARY_JSON})" if written == "none" else

@@ -460,3 +460,21 @@ def test_a_running_retry_is_not_taken_for_a_finished_run_by_its_earlier_summary(
     later = after + 60 * 10**9
     os.utime(aside / "computation-FP32" / "round1", ns=(later, later))
     assert "a retry runs" in (hosts_left_out(run, summary) or "")
+
+
+def test_an_empty_interruption_record_is_no_interruption_to_the_left_out_line_as_to_the_report(
+        tmp_path: Path) -> None:
+    """interrupted.json holding {} gives the report no 'interrupted' line; the line of host rounds left out read it
+    as an interruption all the same ('not started (the run was interrupted)'): both read it as none."""
+    from flagperf.results.summary import INTERRUPTED_FILE, hosts_left_out
+
+    run = tmp_path / "empty-record"
+    put(run, "computation-FP32", 1, metrics=[gemm(1.0)], host="h1")
+    (run / "plan.json").write_text(json.dumps({"rounds": 1, "hosts": [{"name": "h1"}, {"name": "h2"}],
+                                               "cases": [{"name": "computation-FP32"}]}), encoding="utf-8")
+    (run / SUMMARY_JSON).write_text("{}", encoding="utf-8")
+    (run / INTERRUPTED_FILE).write_text("{}", encoding="utf-8")
+    summary = summarize(run)
+    assert "interrupted" not in render_markdown(summary)
+    line = hosts_left_out(run, summary) or ""
+    assert "h2_noderank0 (computation-FP32 round1: no folder, never run there)" in line and "interrupted" not in line
