@@ -40,6 +40,7 @@ from flagperf.paths import (
     remove_made,
     run_id_problem,
 )
+from flagperf.results.limits import MAX_ROUNDS
 from flagperf.stopping import STOP_NOW_AT, put_back, stop_now, take
 from flagperf.stopping import reset as reset_signals_taken
 
@@ -814,7 +815,7 @@ def diagnose(
 @_own_handler
 def nightly(
     suite: Annotated[str, typer.Option(help="the suite to evaluate (a name from `flagperf list suites`)")] = "smoke",
-    rounds: Annotated[int, typer.Option(help="rounds per case (1-100); each figure's median over them is "
+    rounds: Annotated[int, typer.Option(help=f"rounds per case (1-{MAX_ROUNDS}); each figure's median over them is "
                                              "judged")] = 3,
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="[CASE.]KEY=VALUE: override a case configuration value, as `flagperf run --set` "
