@@ -1072,8 +1072,8 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
     manifest = load_vendor_manifest(home / MANIFEST)
     _refuse_shadowed(path, home, manifest.name)
     # a folder --vendor does not find (not installed here): its own engines judge the file, as vendor check's do
-    known = available_vendors().get(manifest.name)
-    installed = known is not None and known.resolve() == home.resolve()
+    found_here = available_vendors().get(manifest.name)
+    installed = found_here is not None and found_here.resolve() == home.resolve()
     # By an absolute path, or relative and out of the vendor folder (the round's scan of it refuses those too).
     links = adaptation.absolute_links(home, folder) + links_out_of_vendor_folder(
         home, f"{adaptation.VENDOR_CASES_FOLDER}/{family}/{name}")
