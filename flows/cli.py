@@ -40,6 +40,7 @@ from flagperf.paths import (
     remove_made,
     run_id_problem,
 )
+from flagperf.results.limits import MAX_ROUNDS
 from flagperf.stopping import STOP_NOW_AT, put_back, stop_now, take
 from flagperf.stopping import reset as reset_signals_taken
 
@@ -814,7 +815,7 @@ def diagnose(
 @_own_handler
 def nightly(
     suite: Annotated[str, typer.Option(help="the suite to evaluate (a name from `flagperf list suites`)")] = "smoke",
-    rounds: Annotated[int, typer.Option(help="rounds per case (1-100); each figure's median over them is "
+    rounds: Annotated[int, typer.Option(help=f"rounds per case (1-{MAX_ROUNDS}); each figure's median over them is "
                                              "judged")] = 3,
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="[CASE.]KEY=VALUE: override a case configuration value, as `flagperf run --set` "
@@ -1071,8 +1072,8 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
     manifest = load_vendor_manifest(home / MANIFEST)
     _refuse_shadowed(path, home, manifest.name)
     # a folder --vendor does not find (not installed here): its own engines judge the file, as vendor check's do
-    known = available_vendors().get(manifest.name)
-    installed = known is not None and known.resolve() == home.resolve()
+    found_here = available_vendors().get(manifest.name)
+    installed = found_here is not None and found_here.resolve() == home.resolve()
     # By an absolute path, or relative and out of the vendor folder (the round's scan of it refuses those too).
     links = adaptation.absolute_links(home, folder) + links_out_of_vendor_folder(
         home, f"{adaptation.VENDOR_CASES_FOLDER}/{family}/{name}")

@@ -117,7 +117,7 @@ def judge_regressions(run_id: str, history_url: str | None, results_dir: str, ba
 
 def failed(message: str, name: str = "Failed") -> State:
     """The nightly's end when it could not judge or found a regression: one ERROR line, no traceback."""
-    get_run_logger().error("%s", message)
+    _log(logging.ERROR, "%s", message)
     return Failed(message=message, name=name)
 
 
@@ -371,6 +371,8 @@ def nightly_regression(
         check_history(history, results_dir)
     except ConfigError as exc:
         return failed(f"{BAD_INPUT}{exc}")
+    except FlagperfError as exc:  # a SQLite history that cannot be looked at (a link into a folder not entered)
+        return failed(str(exc))
     except (OSError, SQLAlchemyError) as exc:  # one line, as `flagperf nightly` says it, not a crash's traceback
         first = (str(getattr(exc, "orig", None) or exc).splitlines() or [""])[0]
         return failed(f"the history cannot be opened: {type(exc).__name__}: {first}")

@@ -33,7 +33,7 @@ from flagperf.errors import EXIT_USER_ERROR, CaseUserError
 from flagperf.measure.casekit import CaseContext, TimedCaseConfig
 from flagperf.measure.hostmemory import keep_freed_host_memory
 from flagperf.results.metrics import Chunk
-from flagperf.results.schema import Metric
+from flagperf.results.schema import MAX_NNODES, Metric
 
 # torch where the kernel runs: the planner and `flagperf validate` read Config here without it (see gemm.py).
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ ALGBW = "algbw = bytes of one rank's buffer / time of one operation (GB = 1e9 by
 class Config(TimedCaseConfig):
     operation: Literal["all_reduce", "p2p"]
     size_mib: int = Field(gt=0, le=1 << 16)
-    nnodes: int = Field(default=1, ge=1, le=1024)
+    nnodes: int = Field(default=1, ge=1, le=MAX_NNODES)
     nproc_per_node: int = Field(default=2, ge=1, le=64)
     master_port: int = Field(default=29511, ge=1024, le=65535)
     backend: Literal["auto", "gloo", "nccl"] = "auto"

@@ -44,7 +44,7 @@ from flagperf.hosts.inventory import (
     visible_env_note,
 )
 from flagperf.paths import display_path
-from flagperf.results.schema import MAX_ROUNDS  # the plan's limit for rounds
+from flagperf.results.schema import MAX_NNODES, MAX_ROUNDS  # the plan's limits for rounds and nnodes
 
 CLUSTER_CONF = "cluster_conf.py"  # FlagPerf keeps it beside test_conf.py, in run_benchmarks/config/
 CLUSTER_CONF_KEYS = {"HOSTS", "SSH_PORT", "HOSTS_PORTS", "MASTER_PORT"}
@@ -250,7 +250,7 @@ def _cases(test: LiteralFile, vendor: str, host_count: int) -> list[_CaseEntry]:
         if len(fields) != len(CASE_FIELDS):
             raise ConfigError(where, f"CASES.{key}", f"expected {':'.join(CASE_FIELDS)} ({len(fields)} fields given)")
         model, framework, case_hardware, nnodes_text, nproc_text, repeat_text = fields
-        nnodes = _whole(nnodes_text, "nnodes", where, key, 1024)
+        nnodes = _whole(nnodes_text, "nnodes", where, key, MAX_NNODES)
         if nnodes > host_count:
             raise ConfigError(where, f"CASES.{key}", f"nnodes {nnodes} is more than the {host_count} HOSTS of the "
                                                      "cluster_conf.py")

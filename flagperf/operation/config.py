@@ -317,9 +317,10 @@ class OperationConfig(CaseConfig):
             readers = {name for name, m in manifests.items() if INDUCTOR_MODE in m.options}
         else:
             # a vendor not installed here is judged by its own folder alone, never by another vendor's of the name;
-            # a case's defaults (engine_roots None) by every installed vendor's
-            union = engine_roots is None and self.implementations is None
-            if union and self.inductor_mode == "default":
+            # without one (engine_roots None) by every installed vendor's, whose broken files are vendor check's
+            # findings: in the default mode nothing is asked of them, whether the case lists implementations or not
+            every_vendor = engine_roots is None
+            if every_vendor and self.inductor_mode == "default":
                 return  # nothing to ask of every installed vendor's implementations (their files are vendor check's)
             roots = ([engine_folders(v, IMPLEMENTATIONS_FOLDER) for v in available_vendors()] if engine_roots is None
                      else [root_engines(root, IMPLEMENTATIONS_FOLDER) for root in engine_roots])
@@ -331,13 +332,20 @@ class OperationConfig(CaseConfig):
                     return  # no implementation known here: whether one reads the mode is known with the vendor
             # each folder named, checked as the plan checks it: a broken engine.yaml is that file's error (its key),
             # never taken as a manifest without options and blamed on the case's inductor_mode
-            read = [{name: _readable_manifest(folders[name], skip_broken=union) for name in names if name in folders}
-                    for folders in roots]
-            declared = [{name: m for name, m in found.items() if m is not None} for found in read]
+            read = [{name: _checked_manifest(folders[name]) for name in names if name in folders} for folders in roots]
+            broken = [m for found in read for m in found.values() if isinstance(m, FlagperfError)]
+            if broken and not every_vendor:  # the vendor's own folder: its broken file is the case's error here
+                raise broken[0]
+            declared = [{name: m for name, m in found.items() if isinstance(m, ImplementationManifest)}
+                        for found in read]
             if not all(any(name in found for found in read) for name in names):
                 return  # one of them is in no folder read here: whether it reads the mode is known with the vendor
             readers = {name for found in declared for name, m in found.items() if INDUCTOR_MODE in m.options}
-            if not readers and any(None in found.values() for found in read):
+            if not readers and broken:
+                if self.implementations is not None:
+                    # the case's own choice, and no readable folder of it reads the mode: the broken file is why
+                    # (one of another installed vendor's that does read it lets the case pass: vendor check's finding)
+                    raise broken[0]
                 # read across every installed vendor for a case's defaults, one engine.yaml is broken (that vendor's
                 # finding, not the case's): whether it reads the mode is unknown here
                 return
@@ -360,15 +368,14 @@ class OperationConfig(CaseConfig):
                               "compiles, such as compile)")
 
 
-def _readable_manifest(folder: Path, skip_broken: bool) -> ImplementationManifest | None:
-    """The implementation's engine.yaml, checked; None where it is broken and ``skip_broken`` (the case's defaults
-    read against every installed vendor: one vendor's broken file is not an error of the case)."""
+def _checked_manifest(folder: Path) -> ImplementationManifest | FlagperfError:
+    """The implementation's engine.yaml, checked; where it is broken, its error (one line naming the file and key),
+    raised or not by the caller: read against every installed vendor, one vendor's broken file is not always an
+    error of the case."""
     try:
         return checked_engine_manifest(folder, ImplementationManifest)
-    except FlagperfError:
-        if skip_broken:
-            return None
-        raise
+    except FlagperfError as exc:
+        return exc
 
 
 def plan_points(config: OperationConfig) -> list[PlannedPoint]:

@@ -191,7 +191,8 @@ def check_history(url: str | None = None, results_dir: str | Path = "results") -
     so a night refused before then leaves it as it was. A SQLite file not there yet is not made (the night makes it
     when it records, so a night refused before then leaves none): only where it would be made is checked, the
     nearest folder there of its path, which must be a folder this user can write (else an OSError naming it); for a
-    link to nothing yet (link_to_nothing), its target's folder."""
+    link to nothing yet (link_to_nothing), its target's folder. A SQLite file that cannot be looked at (a link into a
+    folder this user cannot enter) is a FlagperfError naming it (is_history_file)."""
     url_checked = _checked_url(url, results_dir)
     files = sqlite_files(url, results_dir)
     not_a_file(files)

@@ -21,15 +21,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flagperf.results.bounded import read_bounded
+from flagperf.results.limits import MAX_NNODES, MAX_ROUNDS  # noqa: F401 - the planner's limits, read here too
 from flagperf.results.metrics import STATISTICS
 
 SCHEMA_VERSION = 1
 RESULT_FILE = "result.json"
 MONITOR_FILE = "monitor.jsonl"
 CASE_LOG_FILE = "case.log"
-# The planner's limits (a suite's rounds and --rounds; a case's nnodes): a plan.json beyond them is not one it wrote
-MAX_ROUNDS = 100
-MAX_NNODES = 1024
 # How the case process logs (python -m flagperf.entry): the controller relays each line at the level it names.
 CASE_LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 # (a round that measures every device marks each device process's lines with "[device N] ")

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -194,15 +195,19 @@ def hosts_left_out(run_dir: Path, summary: RunSummary) -> str | None:
     is no success (failed or unsupported, as its report says). Said by compare and diagnose, which otherwise average
     or judge the other hosts as though they were all."""
     interrupted, kind = round_kinds(run_dir)
-    # No interruption record and no summary.json (a run's last step writes it): the run may still be going, so a
-    # round without a result may yet get one; with summary.json it ended, and one with no folder never ran there
-    ended = interrupted is None and os.path.isfile(run_dir / SUMMARY_JSON)
+    # No interruption record and no summary.json (a run's last step writes it) of this attempt: the run may still be
+    # going, so a round without a result may yet get one; with summary.json it ended, and one with no folder never
+    # ran there
+    written = summary_written(run_dir)
+    # An empty record ({}) says no interruption, as the report reads it (its "interrupted" line is only for one)
+    ended = not interrupted and written == "ended"
 
     def why(case: str, round_no: int, host: str, rank: int, folder: bool) -> str:
-        if interrupted is not None:  # a folder of a round not started is one the stop left without a result
+        if interrupted:  # a folder of a round not started is one the stop left without a result
             which = kind(case, round_no, host, rank)
             return f"no {RESULT_FILE}" if folder and which == "not_started" else UNCOLLECTED[which]
-        unfinished = f"the run is not finished (no {SUMMARY_JSON})"
+        unfinished = (f"the run is not finished (no {SUMMARY_JSON})" if written == "none" else
+                      f"the run is not finished (a retry runs: its {SUMMARY_JSON} is an earlier attempt's)")
         if folder:  # an attempt's failure.txt is kept only for a round that was retried: nothing else to read
             return f"no {RESULT_FILE}" if ended else f"no {RESULT_FILE} (yet): {unfinished}"
         return "no folder, never run there" if ended else f"not run (yet): {unfinished}"
@@ -654,6 +659,31 @@ def planned_rounds(run_dir: Path) -> tuple[list[tuple[str, int, str, int]], int,
     except (FlagperfError, KeyError, TypeError, ValueError, AttributeError, OverflowError):
         return None
     return planned, rounds, hosts_per_case, bool(named)
+
+
+def summary_written(run_dir: Path) -> str:
+    """Whether the run's summary.json says it ended: "ended"; "none" where there is none; "earlier" where it is an
+    earlier attempt's, older than the latest folder a retry set aside into retries/ (a retry moves the interruption
+    record and the rounds it runs again there, each move a fresh entry in a folder of it, but leaves summary.json,
+    which the site's list of runs reads meanwhile, until its own last step writes it again)."""
+    try:
+        summary = os.stat(run_dir / SUMMARY_JSON)
+    except (OSError, ValueError):
+        return "none"
+    if not stat.S_ISREG(summary.st_mode):
+        return "none"
+    retries = run_dir / RETRIES_DIR
+    # attempt<K>/ gets the interruption record, attempt<K>/<case>/<round>/ a round's folder (names never patterns)
+    folders = [retries, *retries.glob("attempt*"), *retries.glob("attempt*/*"), *retries.glob("attempt*/*/round*")]
+    newest = 0
+    for folder in folders:
+        try:
+            info = os.lstat(folder)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode):
+            newest = max(newest, info.st_mtime_ns)
+    return "ended" if summary.st_mtime_ns >= newest else "earlier"
 
 
 def round_kinds(run_dir: Path) -> tuple[dict[str, Any] | None, Callable[[str, int, str, int], str]]:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, func, select
@@ -903,3 +905,36 @@ def test_a_measured_night_whose_figures_cannot_be_recorded_is_recorded_as_interr
     assert (verdict["state"], verdict["exit_code"], verdict["measured"]) == ("Interrupted", 130, True)
     assert verdict["message"] == ("interrupted (SIGINT) once measured: its figures could not be recorded in the "
                                   "history ([Errno 28] No space left on device); its run folder has them")
+
+
+def test_a_night_whose_history_cannot_be_looked_at_fails_in_one_line(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nightly's history is a link into a folder this user cannot enter: the night fails before measuring
+    with one line naming the link, its target and why, where it crashed with a traceback (the check's
+    FlagperfError was not among the errors it said)."""
+    from flows.nightly import nightly_regression
+
+    results = tmp_path / "results"
+    results.mkdir()
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    link = results / "history.sqlite"
+    link.symlink_to(locked / "history.sqlite")
+    real_stat = os.stat
+
+    def refused(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        followed = os.path.realpath(path) if kwargs.get("follow_symlinks", True) else os.fspath(path)
+        if isinstance(followed, str) and followed.startswith(f"{locked}/"):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_stat(path, *args, **kwargs)
+
+    if os.geteuid() == 0:  # root enters the folder all the same: the kernel's refusal is given by os.stat
+        monkeypatch.setattr(os, "stat", refused)
+    locked.chmod(0)
+    try:
+        state = nightly_regression.fn(results_dir=str(results))
+    finally:
+        locked.chmod(0o755)
+    line = f"the history {link} (a link to {locked / 'history.sqlite'}) cannot be read: Permission denied"
+    assert state.is_failed() and state.message == line, state
+    assert sorted(p.name for p in results.iterdir()) == ["history.sqlite"]  # no run folder: nothing measured

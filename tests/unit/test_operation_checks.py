@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -1221,6 +1222,26 @@ def test_validate_without_a_vendor_checks_each_named_manifest_and_blames_it_not_
         (case / "case.yaml").write_text(text.replace("  inductor_mode: default", f"  inductor_mode: {mode}"))
         done = CliRunner().invoke(app, ["validate", str(case / "case.yaml")])
         assert done.exit_code == 0, (mode, done.output)
+    # A case that lists them, validated with no vendor: the same. In the default mode nothing is asked of them; in
+    # another, another installed vendor's folder of the name that reads the mode is enough; only where none does is
+    # the broken file the case's error (it may be the one that reads it)
+    (case / "case.yaml").write_text(text.replace("  implementations: null", "  implementations: [comp]"))
+    done = CliRunner().invoke(app, ["validate", str(case / "case.yaml")])
+    assert done.exit_code == 0, done.output
+    other = tmp_path / "vendors" / "acme2"
+    shutil.copytree(acme, other)
+    (other / "vendor.yaml").write_text((acme / "vendor.yaml").read_text(encoding="utf-8")
+                                       .replace("name: acme", "name: acme2", 1))
+    (other / "operation" / "comp" / "engine.yaml").write_text(base + "options: [inductor_mode]\n")
+    (case / "case.yaml").write_text(text.replace("  inductor_mode: default", "  inductor_mode: max-autotune")
+                                    .replace("  implementations: null", "  implementations: [comp]"))
+    done = CliRunner().invoke(app, ["validate", str(case / "case.yaml")])
+    assert done.exit_code == 0, done.output
+    (other / "operation" / "comp" / "engine.yaml").write_text(base + "options: []\n")
+    done = CliRunner().invoke(app, ["validate", str(case / "case.yaml")])
+    errors = [line for line in done.output.splitlines() if line.startswith("error")]
+    assert done.exit_code != 0 and len(errors) == 1 \
+        and errors[0].startswith(f"error {display_path(folder / 'engine.yaml')}: speed"), done.output
 
 
 def test_every_shipped_implementations_declaration_matches_its_class() -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 
 import pytest
 
+from flagperf.paths import PROJECT_ROOT
 from flagperf.results import schema
 
 
@@ -102,3 +105,36 @@ def test_an_atomic_write_flushes_its_folder_after_the_rename(tmp_path, monkeypat
     schema.write_json_atomic(target, {"a": 1})
     folders = [target.parent, target.parent.parent, tmp_path]
     assert [(folder.stat().st_ino, True) for folder in folders] == synced
+
+
+def test_the_planners_limits_are_defined_once() -> None:
+    """MAX_ROUNDS and MAX_NNODES (flagperf.results.limits) bound every place that takes rounds or nnodes: the
+    nightly's rounds (its form and `flagperf nightly --help`), a FlagPerf test_conf.py's nnodes, the collective
+    case's nnodes. In a fresh Python whose limits are changed before anything reads them, each follows (a copy of
+    the number would not)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import json
+        import flagperf.results.limits as limits
+        limits.MAX_ROUNDS, limits.MAX_NNODES = 7, 3
+        from pydantic import ValidationError
+        from typer.testing import CliRunner
+        from flagperf.basespec.collective import Config
+        from flagperf.config.night import ROUNDS
+        from flagperf.hosts import flagperf_training
+        from flows.cli import app
+        try:
+            Config(operation="all_reduce", size_mib=1, nnodes=4)
+            collective = "accepted"
+        except ValidationError:
+            collective = "refused"
+        helped = " ".join(CliRunner().invoke(app, ["nightly", "--help"]).output.replace("│", " ").split())
+        print(json.dumps([ROUNDS.high, flagperf_training.MAX_NNODES, collective, "rounds per case (1-7)" in helped]))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == [7, 3, "refused", True], done.stdout

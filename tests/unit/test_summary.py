@@ -424,3 +424,57 @@ def test_a_sparse_peak_is_shown_as_one_with_why_no_ratio(tmp_path: Path) -> None
     dense = headline_cells(headline(s, "computation-FP32"))
     assert (dense[6], dense[7]) == ("2 TFLOPS", "50.0%"), dense
     assert "| 960 TFLOPS (sparse) | - (sparse peak: none) |" in render_markdown(s)
+
+
+def test_a_running_retry_is_not_taken_for_a_finished_run_by_its_earlier_summary(tmp_path: Path) -> None:
+    """A retry sets the interruption record and the rounds it runs again aside into retries/, but the earlier
+    attempt's summary.json stays until the retry's last step writes it again: meanwhile the run is not finished, and
+    a planned round with no folder is one not run yet, not 'never run there'."""
+    import os
+
+    from flagperf.results.summary import hosts_left_out
+
+    run = tmp_path / "retried"
+    put(run, "computation-FP32", 1, metrics=[gemm(1.0)], host="h1")
+    (run / "plan.json").write_text(json.dumps({"rounds": 1, "hosts": [{"name": "h1"}, {"name": "h2"}],
+                                               "cases": [{"name": "computation-FP32"}]}), encoding="utf-8")
+    summary_file = run / SUMMARY_JSON
+    summary_file.write_text("{}", encoding="utf-8")
+    summary = summarize(run)
+    never = "1 host round left out of the figures: h2_noderank0 (computation-FP32 round1: no folder, never run there)"
+    assert never in (hosts_left_out(run, summary) or "")
+    # The retry sets the earlier attempt's interruption record aside (the earlier summary.json is older than that)
+    aside = run / "retries" / "attempt1"
+    aside.mkdir(parents=True)
+    (aside / "interrupted.json").write_text('{"reason": "SIGINT"}', encoding="utf-8")
+    before = os.stat(aside).st_mtime_ns - 60 * 10**9
+    os.utime(summary_file, ns=(before, before))
+    line = hosts_left_out(run, summary) or ""
+    assert ("h2_noderank0 (computation-FP32 round1: not run (yet): the run is not finished (a retry runs: its "
+            "summary.json is an earlier attempt's))") in line and "never run" not in line, line
+    # A round set aside deeper (retries/attempt1/<case>/<round>/) counts as the retry's too
+    after = os.stat(aside).st_mtime_ns + 60 * 10**9
+    os.utime(summary_file, ns=(after, after))
+    assert never in (hosts_left_out(run, summary) or "")  # the retry's own summary.json, written after: ended
+    (aside / "computation-FP32" / "round1").mkdir(parents=True)
+    later = after + 60 * 10**9
+    os.utime(aside / "computation-FP32" / "round1", ns=(later, later))
+    assert "a retry runs" in (hosts_left_out(run, summary) or "")
+
+
+def test_an_empty_interruption_record_is_no_interruption_to_the_left_out_line_as_to_the_report(
+        tmp_path: Path) -> None:
+    """interrupted.json holding {} gives the report no 'interrupted' line; the line of host rounds left out read it
+    as an interruption all the same ('not started (the run was interrupted)'): both read it as none."""
+    from flagperf.results.summary import INTERRUPTED_FILE, hosts_left_out
+
+    run = tmp_path / "empty-record"
+    put(run, "computation-FP32", 1, metrics=[gemm(1.0)], host="h1")
+    (run / "plan.json").write_text(json.dumps({"rounds": 1, "hosts": [{"name": "h1"}, {"name": "h2"}],
+                                               "cases": [{"name": "computation-FP32"}]}), encoding="utf-8")
+    (run / SUMMARY_JSON).write_text("{}", encoding="utf-8")
+    (run / INTERRUPTED_FILE).write_text("{}", encoding="utf-8")
+    summary = summarize(run)
+    assert "interrupted" not in render_markdown(summary)
+    line = hosts_left_out(run, summary) or ""
+    assert "h2_noderank0 (computation-FP32 round1: no folder, never run there)" in line and "interrupted" not in line
