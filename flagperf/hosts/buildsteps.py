@@ -126,7 +126,8 @@ def shell_words(line: str) -> list[str]:
 def as_glob(word: str) -> str | None:
     """A path word with each $VAR / ${VAR} as * (a glob of what it may be), ./ and a trailing / dropped; None where
     what is left still depends on the shell ($(...), ${VAR:-x}, {a,b})."""
-    globbed = VARIABLE.sub("*", word)
+    # ${A}${B} would be **, which Path.glob takes only as a whole path component: one * is the same glob here
+    globbed = re.sub(r"\*{2,}", "*", VARIABLE.sub("*", word))
     if re.search(r"[${}`]", globbed):
         return None
     while globbed.startswith("./"):

@@ -361,6 +361,14 @@ def test_a_variable_in_a_packages_name_is_a_glob(tmp_path: Path) -> None:
                               "Dockerfile)"], found.problems
 
 
+def test_two_variables_side_by_side_in_a_packages_name_are_one_glob(tmp_path: Path) -> None:
+    """packages/torch-${VER}${CUDA}.whl was the glob packages/torch-**.whl, which pathlib refuses (** only as a
+    whole path component): vendor check and validate ended in a traceback. Runs of * are one * now."""
+    found, _ = _image_findings(tmp_path, "FROM scratch\nRUN pip install packages/torch-${VER}${CUDA}.whl\n", None,
+                               ("packages/torch-2.1cu121.whl",))
+    assert (found.problems, found.not_checkable) == ([], []), (found.problems, found.not_checkable)
+
+
 def test_the_dockerfile_is_read_as_docker_joins_its_instructions(tmp_path: Path) -> None:
     """Only a physical line starting with RUN was read: a continuation line, a heredoc's body and a lower-case run
     were never looked at, and a # inside quotes cut the name. Each instruction is now read whole (continuations
