@@ -33,6 +33,9 @@ WRITING_OPTIONS = {
 }
 ALL_ARGUMENTS = {"mkdir", "touch", "tee"}  # every argument is written
 LAST_ARGUMENT = {"cp", "mv", "ln", "rsync", "install"}  # the destination
+# shlex takes time quadratic in a word's length (a 1.6 MB word: minutes) and a script may be 16 MiB: a logical line
+# longer than this is split at blanks instead (what it names is still looked for, quotes left on).
+SHLEX_LIMIT = 8192
 
 
 @dataclass(frozen=True)
@@ -112,8 +115,10 @@ def _without_comment(line: str) -> str:
 
 def shell_words(line: str) -> list[str]:
     """One logical line's words, quotes removed, operators (; && | > ...) as words of their own; a line the shell
-    grammar cannot split (an unclosed quote) split at blanks."""
+    grammar cannot split (an unclosed quote), or one longer than SHLEX_LIMIT, split at blanks."""
     line = _without_comment(line)
+    if len(line) > SHLEX_LIMIT:
+        return line.split()
     lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     lexer.commenters = ""

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from flagperf.config.vendors import MANIFEST, Vendor, load_vendor_manifest
+from flagperf.hosts.buildsteps import SHLEX_LIMIT, shell_words
 from flagperf.hosts.vendorcheck import Findings, _check_image, check_vendor_folder
 from flagperf.paths import PROJECT_ROOT, display_path
 
@@ -367,6 +368,15 @@ def test_two_variables_side_by_side_in_a_packages_name_are_one_glob(tmp_path: Pa
     found, _ = _image_findings(tmp_path, "FROM scratch\nRUN pip install packages/torch-${VER}${CUDA}.whl\n", None,
                                ("packages/torch-2.1cu121.whl",))
     assert (found.problems, found.not_checkable) == ([], []), (found.problems, found.not_checkable)
+
+
+def test_a_very_long_line_is_split_at_blanks_not_by_the_shell_grammar() -> None:
+    """shlex takes time quadratic in a word's length: one 1.6 MB word in an install script (files may be 16 MiB)
+    kept vendor check busy for minutes. A logical line over SHLEX_LIMIT is split at blanks (quotes stay on)."""
+    short = "pip install 'packages/a b.whl'"
+    assert shell_words(short) == ["pip", "install", "packages/a b.whl"]
+    long = short + " x" * SHLEX_LIMIT
+    assert shell_words(long)[:4] == ["pip", "install", "'packages/a", "b.whl'"]
 
 
 def test_the_dockerfile_is_read_as_docker_joins_its_instructions(tmp_path: Path) -> None:
