@@ -7,6 +7,7 @@ more."""
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 import shlex
 from collections.abc import Iterable
@@ -79,6 +80,33 @@ def dockerfile_instructions(text: str) -> list[Instruction]:
             bodies.append("\n".join(body))
         found.append(Instruction(start, keyword.upper(), "\n".join([rest.strip(), *bodies])))
     return found
+
+
+# RUN's own flags before its command: --mount=..., --network=host, --security=insecure.
+RUN_FLAGS = re.compile(r"\A(?:--[A-Za-z][A-Za-z0-9-]*(?:=\S*)?\s+)+")
+SHELLS = {"sh", "bash", "dash", "ash", "zsh", "ksh"}
+
+
+def run_script(text: str) -> str:
+    """A RUN instruction's text (Instruction.text) as the shell script it runs: its flags (--mount=...) dropped,
+    and the exec form (a JSON list of words) as one line of those words quoted, or, where it is a shell's -c, that
+    script itself."""
+    text = RUN_FLAGS.sub("", text)
+    first, newline, after = text.partition("\n")
+    if not first.startswith("["):
+        return text
+    try:
+        words = json.loads(first)
+    except ValueError:
+        return text
+    if not isinstance(words, list) or not words or not all(isinstance(word, str) for word in words):
+        return text
+    if (len(words) >= 3 and PurePosixPath(words[0]).name in SHELLS
+            and re.fullmatch(r"-[A-Za-z]*c[A-Za-z]*", words[1])):
+        script = words[2]
+    else:
+        script = shlex.join(words)
+    return script + newline + after
 
 
 def shell_lines(text: str) -> list[tuple[int, str]]:

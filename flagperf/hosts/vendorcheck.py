@@ -97,6 +97,7 @@ from flagperf.hosts.buildsteps import (
     Instruction,
     as_glob,
     dockerfile_instructions,
+    run_script,
     shell_lines,
     shell_words,
 )
@@ -457,7 +458,7 @@ def _packages_named(dockerfile: Path, instructions: list[Instruction], scripts: 
     shown = display_path(context)
     errors: list[ConfigError] = []
     sources = [(display_path(dockerfile), [(step.line, line) for step in instructions if step.keyword == "RUN"
-                                           for _, line in shell_lines(step.text)])]
+                                           for _, line in shell_lines(run_script(step.text))])]
     for script in scripts:
         path = context / script
         if path.is_symlink():  # read through a link, a file elsewhere would be quoted here

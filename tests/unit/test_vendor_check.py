@@ -379,6 +379,28 @@ def test_a_very_long_line_is_split_at_blanks_not_by_the_shell_grammar() -> None:
     assert shell_words(long)[:4] == ["pip", "install", "'packages/a", "b.whl'"]
 
 
+def test_an_exec_form_run_is_read_as_its_words(tmp_path: Path) -> None:
+    """RUN ["pip", "install", "packages/x.whl"] was read as shell text: it named packages/x.whl", (quote and bracket
+    included) and was said missing though the wheel was there. Its JSON words are the command now, a shell's -c
+    script that script."""
+    dockerfile = ('FROM scratch\nRUN ["pip", "install", "packages/x.whl"]\n'
+                  'RUN ["/bin/bash", "-c", "pip install packages/*.whl && sh packages/missing.run"]\n')
+    found, context = _image_findings(tmp_path, dockerfile, None, ("packages/x.whl",))
+    assert found.problems == [f"{display_path(context / 'Dockerfile')}: line 3: names packages/missing.run, which is "
+                              f"not in {display_path(context)} (FlagPerf's packages/ goes beside the Dockerfile)"], \
+        found.problems
+
+
+def test_run_flags_are_not_the_command(tmp_path: Path) -> None:
+    """RUN --mount=... wget -P packages URL was read with --mount=... as the command: the download into packages/
+    went unseen and what it fetched was said missing. RUN's own --flag[=value] words are dropped first now."""
+    dockerfile = ("FROM scratch\nRUN --mount=type=cache,target=/root/.cache wget -P packages https://example.com/a.run"
+                  " && sh packages/a.run\nRUN --network=host pip download -d wheels torch\n"
+                  "RUN --network=host [\"pip\", \"install\", \"packages/x.whl\"]\n")
+    found, _ = _image_findings(tmp_path, dockerfile, None, ("packages/x.whl",))
+    assert (found.problems, found.notes) == ([], []), (found.problems, found.notes)
+
+
 def test_the_dockerfile_is_read_as_docker_joins_its_instructions(tmp_path: Path) -> None:
     """Only a physical line starting with RUN was read: a continuation line, a heredoc's body and a lower-case run
     were never looked at, and a # inside quotes cut the name. Each instruction is now read whole (continuations
