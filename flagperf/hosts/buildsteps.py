@@ -235,14 +235,22 @@ class BuildWrites:
 
     def _wrote(self, word: str) -> None:
         path = as_glob(word)
-        if path is not None and path not in self.written:
+        # A place whose first component the shell decides ($WORKDIR, ${DEST}/x: read as *) could be anywhere; as
+        # a glob it would match every path and switch the check off, so it is not counted as written.
+        if path is not None and not re.search(r"[*?\[]", path.split("/")[0]) and path not in self.written:
             self.written.append(path)
 
     def made(self, path: str) -> bool:
-        """Whether ``path`` (a glob of as_glob's) is one the steps write, or lies under one."""
-        return any(path == place or path.startswith(f"{place}/") or fnmatch.fnmatchcase(path, place)
-                   or fnmatch.fnmatchcase(path, f"{place}/*") or fnmatch.fnmatchcase(place, path)
-                   for place in self.written)
+        """Whether ``path`` (a glob of as_glob's) is one the steps write, or lies under one, or names one (a glob
+        that matches a place written). Matched component by component: a * never stands for a /."""
+        parts = path.split("/")
+        return any(_leads(place.split("/"), parts) or _leads(parts, place.split("/")) for place in self.written)
+
+
+def _leads(patterns: list[str], parts: list[str]) -> bool:
+    """Whether the path ``parts`` starts with components matched, one each, by the globs ``patterns``."""
+    return len(parts) >= len(patterns) and all(part == pattern or fnmatch.fnmatchcase(part, pattern)
+                                               for pattern, part in zip(patterns, parts, strict=False))
 
 
 def _commands(words: list[str]) -> list[list[str]]:

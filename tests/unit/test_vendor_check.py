@@ -401,6 +401,19 @@ def test_run_flags_are_not_the_command(tmp_path: Path) -> None:
     assert (found.problems, found.notes) == ([], []), (found.problems, found.notes)
 
 
+def test_a_write_to_a_variable_does_not_switch_the_check_off(tmp_path: Path) -> None:
+    """mkdir -p $WORKDIR recorded the written place *, which matched every path (a * crossing /): no packages/ path
+    was looked for any more. A place whose first component the shell decides is not counted now, and a * in one
+    stands for one path component."""
+    script = ("#!/bin/sh\nmkdir -p $WORKDIR\necho x > $LOG\ncp a ${DEST}\ntouch packages/$NAME.run\n"
+              "sh packages/missing.sh packages/sub/missing.run\n")
+    found, context = _image_findings(tmp_path, "FROM scratch\nCOPY install.sh /opt/\nRUN sh /opt/install.sh\n",
+                                     script)
+    assert found.problems == [f"{display_path(context / 'install.sh')}: line 6: names packages/{name}, which is not "
+                              f"in {display_path(context)} (FlagPerf's packages/ goes beside the Dockerfile)"
+                              for name in ("missing.sh", "sub/missing.run")], found.problems
+
+
 def test_the_dockerfile_is_read_as_docker_joins_its_instructions(tmp_path: Path) -> None:
     """Only a physical line starting with RUN was read: a continuation line, a heredoc's body and a lower-case run
     were never looked at, and a # inside quotes cut the name. Each instruction is now read whole (continuations
