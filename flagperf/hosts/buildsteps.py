@@ -50,7 +50,7 @@ def dockerfile_instructions(text: str) -> list[Instruction]:
     """A Dockerfile's instructions as Docker reads them: a line ending in a backslash goes on with the next (comment
     and empty lines inside are dropped), a line starting with # is a comment, and each heredoc's body (up to its
     end word) belongs to the instruction that opened it."""
-    lines = text.splitlines()
+    lines = text.removeprefix("\ufeff").splitlines()  # a BOM (some Windows editors write one) is not text
     found: list[Instruction] = []
     index = 0
     while index < len(lines):
@@ -112,7 +112,7 @@ def run_script(text: str) -> str:
 def shell_lines(text: str) -> list[tuple[int, str]]:
     """A script's logical lines (a backslash at the end goes on with the next), each with its first line's number."""
     found: list[tuple[int, str]] = []
-    lines = text.splitlines()
+    lines = text.removeprefix("\ufeff").splitlines()
     index = 0
     while index < len(lines):
         start, line = index + 1, lines[index]

@@ -414,6 +414,14 @@ def test_a_write_to_a_variable_does_not_switch_the_check_off(tmp_path: Path) -> 
                               for name in ("missing.sh", "sub/missing.run")], found.problems
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path: Path) -> None:
+    """A Dockerfile saved with a UTF-8 BOM had no FROM line (its first keyword was \\ufeffFROM), and an install
+    script's first command was not known (\\ufeffmkdir). The BOM is dropped now."""
+    found, _ = _image_findings(tmp_path, "\ufeffFROM scratch\nCOPY install.sh /opt/\nRUN sh /opt/install.sh\n",
+                               "\ufeffmkdir -p packages/build\nsh packages/build/x.run\n")
+    assert found.problems == [], found.problems
+
+
 def test_the_dockerfile_is_read_as_docker_joins_its_instructions(tmp_path: Path) -> None:
     """Only a physical line starting with RUN was read: a continuation line, a heredoc's body and a lower-case run
     were never looked at, and a # inside quotes cut the name. Each instruction is now read whole (continuations
