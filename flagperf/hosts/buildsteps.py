@@ -93,6 +93,13 @@ def run_script(text: str) -> str:
     script itself."""
     text = RUN_FLAGS.sub("", text)
     first, newline, after = text.partition("\n")
+    heredoc = HEREDOC.search(first)
+    if heredoc:
+        # The bodies are shell only where a heredoc is the script itself (RUN <<EOF, RUN bash -e <<EOF); one fed to
+        # a command (cat <<EOF > /etc/pip.conf) is data: its lines are not commands, nor paths the build names.
+        head = first[:heredoc.start()].split()
+        if not (not head or (PurePosixPath(head[0]).name in SHELLS and all(w.startswith("-") for w in head[1:]))):
+            return first
     if not first.startswith("["):
         return text
     try:

@@ -422,6 +422,17 @@ def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path: Path) -> None
     assert found.problems == [], found.problems
 
 
+def test_a_heredoc_fed_to_a_command_is_data_not_shell(tmp_path: Path) -> None:
+    """RUN cat <<EOF > /etc/pip.conf had its body read as shell: find-links = packages/wheels was said missing. Only
+    a heredoc that is the script itself (RUN <<EOF, RUN bash <<EOF) is read as shell now."""
+    dockerfile = ("FROM scratch\nRUN cat <<EOF > /etc/pip.conf\n[global]\nfind-links = packages/wheels\nEOF\n"
+                  "RUN bash -e <<EOF\npip install packages/missing.whl\nEOF\n")
+    found, context = _image_findings(tmp_path, dockerfile)
+    assert found.problems == [f"{display_path(context / 'Dockerfile')}: line 6: names packages/missing.whl, which is "
+                              f"not in {display_path(context)} (FlagPerf's packages/ goes beside the Dockerfile)"], \
+        found.problems
+
+
 def test_the_dockerfile_is_read_as_docker_joins_its_instructions(tmp_path: Path) -> None:
     """Only a physical line starting with RUN was read: a continuation line, a heredoc's body and a lower-case run
     were never looked at, and a # inside quotes cut the name. Each instruction is now read whole (continuations
