@@ -17,8 +17,8 @@ class FlagperfError(Exception):
 
 class ConfigError(FlagperfError):
     """A configuration value or file is wrong. ``source`` is a file path (or '--set'), ``key`` a dotted key.
-    ``more``: further findings of the same check (`flagperf validate` prints each; elsewhere the first one is
-    the error)."""
+    ``more``: further findings of the same check (the CLI prints each on its own line: validate, run and nightly
+    alike; ``str()`` of the error is the first one alone)."""
 
     def __init__(self, source: object, key: str | None, message: str) -> None:
         self.source = str(source)

@@ -7,6 +7,7 @@ more."""
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 import shlex
 from collections.abc import Iterable
@@ -33,6 +34,9 @@ WRITING_OPTIONS = {
 }
 ALL_ARGUMENTS = {"mkdir", "touch", "tee"}  # every argument is written
 LAST_ARGUMENT = {"cp", "mv", "ln", "rsync", "install"}  # the destination
+# shlex takes time quadratic in a word's length (a 1.6 MB word: minutes) and a script may be 16 MiB: a logical line
+# longer than this is split at blanks instead (what it names is still looked for, quotes left on).
+SHLEX_LIMIT = 8192
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ def dockerfile_instructions(text: str) -> list[Instruction]:
     """A Dockerfile's instructions as Docker reads them: a line ending in a backslash goes on with the next (comment
     and empty lines inside are dropped), a line starting with # is a comment, and each heredoc's body (up to its
     end word) belongs to the instruction that opened it."""
-    lines = text.splitlines()
+    lines = text.removeprefix("\ufeff").splitlines()  # a BOM (some Windows editors write one) is not text
     found: list[Instruction] = []
     index = 0
     while index < len(lines):
@@ -78,10 +82,44 @@ def dockerfile_instructions(text: str) -> list[Instruction]:
     return found
 
 
+# RUN's own flags before its command: --mount=..., --network=host, --security=insecure.
+RUN_FLAGS = re.compile(r"\A(?:--[A-Za-z][A-Za-z0-9-]*(?:=\S*)?\s+)+")
+SHELLS = {"sh", "bash", "dash", "ash", "zsh", "ksh"}
+
+
+def run_script(text: str) -> str:
+    """A RUN instruction's text (Instruction.text) as the shell script it runs: its flags (--mount=...) dropped,
+    and the exec form (a JSON list of words) as one line of those words quoted, or, where it is a shell's -c, that
+    script itself."""
+    text = RUN_FLAGS.sub("", text)
+    first, newline, after = text.partition("\n")
+    heredoc = HEREDOC.search(first)
+    if heredoc:
+        # The bodies are shell only where a heredoc is the script itself (RUN <<EOF, RUN bash -e <<EOF); one fed to
+        # a command (cat <<EOF > /etc/pip.conf) is data: its lines are not commands, nor paths the build names.
+        head = first[:heredoc.start()].split()
+        if not (not head or (PurePosixPath(head[0]).name in SHELLS and all(w.startswith("-") for w in head[1:]))):
+            return first
+    if not first.startswith("["):
+        return text
+    try:
+        words = json.loads(first)
+    except ValueError:
+        return text
+    if not isinstance(words, list) or not words or not all(isinstance(word, str) for word in words):
+        return text
+    if (len(words) >= 3 and PurePosixPath(words[0]).name in SHELLS
+            and re.fullmatch(r"-[A-Za-z]*c[A-Za-z]*", words[1])):
+        script = words[2]
+    else:
+        script = shlex.join(words)
+    return script + newline + after
+
+
 def shell_lines(text: str) -> list[tuple[int, str]]:
     """A script's logical lines (a backslash at the end goes on with the next), each with its first line's number."""
     found: list[tuple[int, str]] = []
-    lines = text.splitlines()
+    lines = text.removeprefix("\ufeff").splitlines()
     index = 0
     while index < len(lines):
         start, line = index + 1, lines[index]
@@ -112,8 +150,10 @@ def _without_comment(line: str) -> str:
 
 def shell_words(line: str) -> list[str]:
     """One logical line's words, quotes removed, operators (; && | > ...) as words of their own; a line the shell
-    grammar cannot split (an unclosed quote) split at blanks."""
+    grammar cannot split (an unclosed quote), or one longer than SHLEX_LIMIT, split at blanks."""
     line = _without_comment(line)
+    if len(line) > SHLEX_LIMIT:
+        return line.split()
     lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     lexer.commenters = ""
@@ -126,7 +166,8 @@ def shell_words(line: str) -> list[str]:
 def as_glob(word: str) -> str | None:
     """A path word with each $VAR / ${VAR} as * (a glob of what it may be), ./ and a trailing / dropped; None where
     what is left still depends on the shell ($(...), ${VAR:-x}, {a,b})."""
-    globbed = VARIABLE.sub("*", word)
+    # ${A}${B} would be **, which Path.glob takes only as a whole path component: one * is the same glob here
+    globbed = re.sub(r"\*{2,}", "*", VARIABLE.sub("*", word))
     if re.search(r"[${}`]", globbed):
         return None
     while globbed.startswith("./"):
@@ -201,14 +242,22 @@ class BuildWrites:
 
     def _wrote(self, word: str) -> None:
         path = as_glob(word)
-        if path is not None and path not in self.written:
+        # A place whose first component the shell decides ($WORKDIR, ${DEST}/x: read as *) could be anywhere; as
+        # a glob it would match every path and switch the check off, so it is not counted as written.
+        if path is not None and not re.search(r"[*?\[]", path.split("/")[0]) and path not in self.written:
             self.written.append(path)
 
     def made(self, path: str) -> bool:
-        """Whether ``path`` (a glob of as_glob's) is one the steps write, or lies under one."""
-        return any(path == place or path.startswith(f"{place}/") or fnmatch.fnmatchcase(path, place)
-                   or fnmatch.fnmatchcase(path, f"{place}/*") or fnmatch.fnmatchcase(place, path)
-                   for place in self.written)
+        """Whether ``path`` (a glob of as_glob's) is one the steps write, or lies under one, or names one (a glob
+        that matches a place written). Matched component by component: a * never stands for a /."""
+        parts = path.split("/")
+        return any(_leads(place.split("/"), parts) or _leads(parts, place.split("/")) for place in self.written)
+
+
+def _leads(patterns: list[str], parts: list[str]) -> bool:
+    """Whether the path ``parts`` starts with components matched, one each, by the globs ``patterns``."""
+    return len(parts) >= len(patterns) and all(part == pattern or fnmatch.fnmatchcase(part, pattern)
+                                               for pattern, part in zip(patterns, parts, strict=False))
 
 
 def _commands(words: list[str]) -> list[list[str]]:

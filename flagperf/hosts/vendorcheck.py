@@ -97,6 +97,7 @@ from flagperf.hosts.buildsteps import (
     Instruction,
     as_glob,
     dockerfile_instructions,
+    run_script,
     shell_lines,
     shell_words,
 )
@@ -457,7 +458,7 @@ def _packages_named(dockerfile: Path, instructions: list[Instruction], scripts: 
     shown = display_path(context)
     errors: list[ConfigError] = []
     sources = [(display_path(dockerfile), [(step.line, line) for step in instructions if step.keyword == "RUN"
-                                           for _, line in shell_lines(step.text)])]
+                                           for _, line in shell_lines(run_script(step.text))])]
     for script in scripts:
         path = context / script
         if path.is_symlink():  # read through a link, a file elsewhere would be quoted here
@@ -484,7 +485,13 @@ def _packages_named(dockerfile: Path, instructions: list[Instruction], scripts: 
         if not is_under(os.path.realpath(context / path), os.path.realpath(context)):
             errors.append(ConfigError(where, None, f"line {number}: names {name}, which leads out of {shown} (the "
                                       "build sees only its own folder)"))
-        elif not (any(context.glob(path)) if re.search(r"[*?\[]", path) else os.path.exists(context / path)):
+            continue
+        try:
+            there = any(context.glob(path)) if re.search(r"[*?\[]", path) else os.path.exists(context / path)
+        except (ValueError, OSError) as exc:  # a glob pathlib refuses (** inside a name), a name too long
+            found.not_checkable.append(f"{where}: line {number}: {name} cannot be looked for ({exc})")
+            continue
+        if not there:
             if writes.downloads:
                 found.notes.append(f"{where}: line {number}: names {name}, which is not in {shown}: the build "
                                    "downloads files (wget, curl, pip download), so it may be one of them; if not, "

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from flagperf.config.vendors import MANIFEST, Vendor, load_vendor_manifest
+from flagperf.hosts.buildsteps import SHLEX_LIMIT, shell_words
 from flagperf.hosts.vendorcheck import Findings, _check_image, check_vendor_folder
 from flagperf.paths import PROJECT_ROOT, display_path
 
@@ -359,6 +360,77 @@ def test_a_variable_in_a_packages_name_is_a_glob(tmp_path: Path) -> None:
     assert found.problems == [f"{script_name}: line 4: names packages/acme_driver-${{VER}}.run, "
                               f"which is not in {display_path(context)} (FlagPerf's packages/ goes beside the "
                               "Dockerfile)"], found.problems
+
+
+def test_two_variables_side_by_side_in_a_packages_name_are_one_glob(tmp_path: Path) -> None:
+    """packages/torch-${VER}${CUDA}.whl was the glob packages/torch-**.whl, which pathlib refuses (** only as a
+    whole path component): vendor check and validate ended in a traceback. Runs of * are one * now."""
+    found, _ = _image_findings(tmp_path, "FROM scratch\nRUN pip install packages/torch-${VER}${CUDA}.whl\n", None,
+                               ("packages/torch-2.1cu121.whl",))
+    assert (found.problems, found.not_checkable) == ([], []), (found.problems, found.not_checkable)
+
+
+def test_a_very_long_line_is_split_at_blanks_not_by_the_shell_grammar() -> None:
+    """shlex takes time quadratic in a word's length: one 1.6 MB word in an install script (files may be 16 MiB)
+    kept vendor check busy for minutes. A logical line over SHLEX_LIMIT is split at blanks (quotes stay on)."""
+    short = "pip install 'packages/a b.whl'"
+    assert shell_words(short) == ["pip", "install", "packages/a b.whl"]
+    long = short + " x" * SHLEX_LIMIT
+    assert shell_words(long)[:4] == ["pip", "install", "'packages/a", "b.whl'"]
+
+
+def test_an_exec_form_run_is_read_as_its_words(tmp_path: Path) -> None:
+    """RUN ["pip", "install", "packages/x.whl"] was read as shell text: it named packages/x.whl", (quote and bracket
+    included) and was said missing though the wheel was there. Its JSON words are the command now, a shell's -c
+    script that script."""
+    dockerfile = ('FROM scratch\nRUN ["pip", "install", "packages/x.whl"]\n'
+                  'RUN ["/bin/bash", "-c", "pip install packages/*.whl && sh packages/missing.run"]\n')
+    found, context = _image_findings(tmp_path, dockerfile, None, ("packages/x.whl",))
+    assert found.problems == [f"{display_path(context / 'Dockerfile')}: line 3: names packages/missing.run, which is "
+                              f"not in {display_path(context)} (FlagPerf's packages/ goes beside the Dockerfile)"], \
+        found.problems
+
+
+def test_run_flags_are_not_the_command(tmp_path: Path) -> None:
+    """RUN --mount=... wget -P packages URL was read with --mount=... as the command: the download into packages/
+    went unseen and what it fetched was said missing. RUN's own --flag[=value] words are dropped first now."""
+    dockerfile = ("FROM scratch\nRUN --mount=type=cache,target=/root/.cache wget -P packages https://example.com/a.run"
+                  " && sh packages/a.run\nRUN --network=host pip download -d wheels torch\n"
+                  "RUN --network=host [\"pip\", \"install\", \"packages/x.whl\"]\n")
+    found, _ = _image_findings(tmp_path, dockerfile, None, ("packages/x.whl",))
+    assert (found.problems, found.notes) == ([], []), (found.problems, found.notes)
+
+
+def test_a_write_to_a_variable_does_not_switch_the_check_off(tmp_path: Path) -> None:
+    """mkdir -p $WORKDIR recorded the written place *, which matched every path (a * crossing /): no packages/ path
+    was looked for any more. A place whose first component the shell decides is not counted now, and a * in one
+    stands for one path component."""
+    script = ("#!/bin/sh\nmkdir -p $WORKDIR\necho x > $LOG\ncp a ${DEST}\ntouch packages/$NAME.run\n"
+              "sh packages/missing.sh packages/sub/missing.run\n")
+    found, context = _image_findings(tmp_path, "FROM scratch\nCOPY install.sh /opt/\nRUN sh /opt/install.sh\n",
+                                     script)
+    assert found.problems == [f"{display_path(context / 'install.sh')}: line 6: names packages/{name}, which is not "
+                              f"in {display_path(context)} (FlagPerf's packages/ goes beside the Dockerfile)"
+                              for name in ("missing.sh", "sub/missing.run")], found.problems
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_line(tmp_path: Path) -> None:
+    """A Dockerfile saved with a UTF-8 BOM had no FROM line (its first keyword was \\ufeffFROM), and an install
+    script's first command was not known (\\ufeffmkdir). The BOM is dropped now."""
+    found, _ = _image_findings(tmp_path, "\ufeffFROM scratch\nCOPY install.sh /opt/\nRUN sh /opt/install.sh\n",
+                               "\ufeffmkdir -p packages/build\nsh packages/build/x.run\n")
+    assert found.problems == [], found.problems
+
+
+def test_a_heredoc_fed_to_a_command_is_data_not_shell(tmp_path: Path) -> None:
+    """RUN cat <<EOF > /etc/pip.conf had its body read as shell: find-links = packages/wheels was said missing. Only
+    a heredoc that is the script itself (RUN <<EOF, RUN bash <<EOF) is read as shell now."""
+    dockerfile = ("FROM scratch\nRUN cat <<EOF > /etc/pip.conf\n[global]\nfind-links = packages/wheels\nEOF\n"
+                  "RUN bash -e <<EOF\npip install packages/missing.whl\nEOF\n")
+    found, context = _image_findings(tmp_path, dockerfile)
+    assert found.problems == [f"{display_path(context / 'Dockerfile')}: line 6: names packages/missing.whl, which is "
+                              f"not in {display_path(context)} (FlagPerf's packages/ goes beside the Dockerfile)"], \
+        found.problems
 
 
 def test_the_dockerfile_is_read_as_docker_joins_its_instructions(tmp_path: Path) -> None:
