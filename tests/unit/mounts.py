@@ -8,6 +8,7 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,3 +64,25 @@ def data_folder() -> Iterator[Path]:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def unenterable(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """``folder`` made a folder this user cannot enter (mode 0) for the block; root enters it all the same, so
+    there the kernel's refusal (EACCES) is given by os.stat for every path behind it, links followed."""
+    real_stat = os.stat
+
+    def refused(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        followed = os.path.realpath(path) if kwargs.get("follow_symlinks", True) else os.fspath(path)
+        if isinstance(followed, str) and followed.startswith(f"{folder}/"):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_stat(path, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        if os.geteuid() == 0:
+            patched.setattr(os, "stat", refused)
+        folder.chmod(0)
+        try:
+            yield folder
+        finally:
+            folder.chmod(0o755)

@@ -3,12 +3,9 @@ and host, baselines, monitor facts, the rules file's validation, and `flagperf d
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -27,6 +24,7 @@ from flagperf.results.diagnosis import (
 from flagperf.results.schema import Failure, Metric, RoundResult, round_dir, write_result
 from flagperf.results.summary import summarize
 from flows.cli import EXIT_HOST_FAILED, EXIT_NOT_JUDGED, app
+from tests.unit.mounts import unenterable
 
 T0 = datetime(2026, 1, 2, tzinfo=timezone.utc)
 # Four hosts of two GPUs: h3's device 1 is 10 % slow. Device median 100; host medians 100.5, 99.5, 95, 100.
@@ -336,31 +334,17 @@ def test_a_history_that_cannot_be_read_is_one_line_on_the_console_and_a_page_on_
             assert page.status_code == 404, page.text
 
     # A link into a folder this user cannot enter: Path.is_file lets EACCES through (a traceback, the page a 500).
-    # The folder is made unenterable; root enters it all the same, so there the kernel's refusal is given by os.stat.
     locked = tmp_path / "locked"
     locked.mkdir()
     broken.unlink()
     broken.symlink_to(locked / "history.sqlite")
-    real_stat = os.stat
-
-    def refused(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
-        followed = os.path.realpath(path) if kwargs.get("follow_symlinks", True) else os.fspath(path)
-        if isinstance(followed, str) and followed.startswith(f"{locked}/"):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-        return real_stat(path, *args, **kwargs)
-
-    if os.geteuid() == 0:
-        monkeypatch.setattr(os, "stat", refused)
-    locked.chmod(0)
-    try:
+    with unenterable(locked, monkeypatch):
         done = CliRunner().invoke(app, ["diagnose", str(run), "--history"])
         said = " ".join(done.output.split())
         line = f"the history {broken} (a link to {locked / 'history.sqlite'}) cannot be read: Permission denied"
         assert done.exit_code == 2 and line in said and "Traceback" not in said, done.output
         page = TestClient(create_app(tmp_path, None), raise_server_exceptions=False).get("/trends")
         assert page.status_code == 503 and line in page.text, page.text
-    finally:
-        locked.chmod(0o755)
 
 
 def test_a_cases_names_in_the_diagnosis_stay_text(tmp_path: Path) -> None:

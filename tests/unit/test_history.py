@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import csv
-import errno
 import json
 import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import Engine, func, select
 
 from flagperf.results.history import check_run, history_engine, metadata, record_run
 from flagperf.results.schema import Metric, RoundResult, write_result
+from tests.unit.mounts import unenterable
 
 START = datetime(2026, 11, 1, 2, 0, tzinfo=timezone.utc)
 
@@ -920,21 +919,8 @@ def test_a_night_whose_history_cannot_be_looked_at_fails_in_one_line(tmp_path: P
     locked.mkdir()
     link = results / "history.sqlite"
     link.symlink_to(locked / "history.sqlite")
-    real_stat = os.stat
-
-    def refused(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
-        followed = os.path.realpath(path) if kwargs.get("follow_symlinks", True) else os.fspath(path)
-        if isinstance(followed, str) and followed.startswith(f"{locked}/"):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-        return real_stat(path, *args, **kwargs)
-
-    if os.geteuid() == 0:  # root enters the folder all the same: the kernel's refusal is given by os.stat
-        monkeypatch.setattr(os, "stat", refused)
-    locked.chmod(0)
-    try:
+    with unenterable(locked, monkeypatch):
         state = nightly_regression.fn(results_dir=str(results))
-    finally:
-        locked.chmod(0o755)
     line = f"the history {link} (a link to {locked / 'history.sqlite'}) cannot be read: Permission denied"
     assert state.is_failed() and state.message == line, state
     assert sorted(p.name for p in results.iterdir()) == ["history.sqlite"]  # no run folder: nothing measured
