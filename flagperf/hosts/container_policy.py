@@ -312,6 +312,16 @@ def device_host_path(value: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- options
 
+def _option_shown(token: str) -> str:
+    """An unsupported word of extra_options as an error may show it: an option's name only, never what is
+    attached to it (``-eHF_TOKEN=...``, ``--token=...``: docker takes both forms), nor a stray word (a value)."""
+    if token.startswith("--"):
+        return repr(token.partition("=")[0])
+    if token.startswith("-") and len(token) > 1:
+        return repr(token[:2]) + (" (with what is attached to it, not shown)" if len(token) > 2 else "")
+    return "a word that is no option (not shown: it may be a value)"
+
+
 def parse_container_options(text: str, roots: Iterable[str] = DATA_ROOTS,
                             device_patterns: Iterable[str] | None = None) -> ContainerExtras:
     """The docker-run options FlagPerf's vendors use in ACCE_CONTAINER_OPT; anything else is refused by name."""
@@ -327,8 +337,8 @@ def parse_container_options(text: str, roots: Iterable[str] = DATA_ROOTS,
             raise PolicyError("--privileged is refused here: a vendor file declares a privileged container, with "
                               "privileged_reason saying why")
         if not takes_value:
-            raise PolicyError(f"unsupported docker option {token!r} (supported: --gpus, --device, -e/--env, "
-                              "-v/--volume, --ipc, --group-add)")
+            raise PolicyError(f"unsupported docker option {_option_shown(token)} (supported: --gpus, --device, "
+                              "-e/--env, -v/--volume, --ipc, --group-add)")
         if eq:
             value = inline
             i += 1
@@ -345,8 +355,10 @@ def parse_container_options(text: str, roots: Iterable[str] = DATA_ROOTS,
             extras.devices.append(check_device(value, device_patterns))
         elif option in ("-e", "--env"):
             name, sep, val = value.partition("=")
-            if not sep or not ENV_NAME.match(name):
-                raise PolicyError(f"{option} {name!r} must be NAME=VALUE")
+            if not sep:  # the whole word may be a secret given without its name: never quoted
+                raise PolicyError(f"{option} needs NAME=VALUE (what was given is not shown)")
+            if not ENV_NAME.match(name):
+                raise PolicyError(f"{option} {name!r}=...: {name!r} is no variable name")
             extras.env[name] = val
         elif option in ("-v", "--volume"):
             extras.mounts.append(parse_volume(value, roots))

@@ -277,6 +277,13 @@ def test_options_beyond_the_allow_list_are_refused_by_name() -> None:
         parse_container_options("--privileged")
     with pytest.raises(PolicyError, match="ro and rw"):
         parse_container_options("-v /data/a:/a:ro,rw")
+    # what is attached to an option, or a word that is none, may be a secret: never said (docker takes -eNAME=V)
+    for text, said in (("-eHF_TOKEN=hf_secret123", "'-e' (with what is attached to it, not shown)"),
+                       ("--token=hf_secret123", "'--token'"), ("hf_secret123", "a word that is no option"),
+                       ("-e hf_secret123", "-e needs NAME=VALUE"), ("--env=hf_secret123", "--env needs NAME=VALUE")):
+        with pytest.raises(PolicyError) as refused:
+            parse_container_options(text)
+        assert said in str(refused.value) and "secret" not in str(refused.value), refused.value
 
 
 def test_a_search_path_folders_index_counts_non_empty_entries_only() -> None:
