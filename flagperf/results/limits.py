@@ -3,3 +3,7 @@ one it wrote. No imports, so that the command line's help can name them without 
 
 MAX_ROUNDS = 100
 MAX_NNODES = 1024
+# The host rounds one plan.json may list (cases x rounds x hosts): far beyond any fleet's night (1,000 hosts x 50
+# cases x 10 rounds), so a small crafted plan of thousands of names cannot make a reader build a list that fills
+# memory; a plan beyond it is read as not one the planner wrote (counts only)
+MAX_PLANNED_HOST_ROUNDS = 500_000

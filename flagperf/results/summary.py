@@ -33,6 +33,7 @@ from flagperf.results.analysis import (
 from flagperf.results.bounded import read_json_file
 from flagperf.results.chipstate import CHIP_COLUMNS, headline_state, render_chip_section, window_columns
 from flagperf.results.faults import BOUNDED_NOTE, find_faults
+from flagperf.results.limits import MAX_PLANNED_HOST_ROUNDS, MAX_ROUNDS
 from flagperf.results.markup import md_text, number, percent
 from flagperf.results.metrics import STATISTICS, coefficient_of_variation
 from flagperf.results.operators import (
@@ -44,7 +45,6 @@ from flagperf.results.operators import (
 )
 from flagperf.results.schema import (
     ESTIMATED_PEAK_LEGEND,
-    MAX_ROUNDS,
     RESULT_FILE,
     UPPER_ESTIMATE,
     Metric,
@@ -653,6 +653,8 @@ def planned_rounds(run_dir: Path) -> tuple[list[tuple[str, int, str, int]], int,
                 continue
             groups = node_groups(case.get("config") or {}, hosts)
             hosts_per_case.append(sum(len(group) for group in groups))
+            if len(planned) + rounds * hosts_per_case[-1] > MAX_PLANNED_HOST_ROUNDS:
+                return None
             for round_no in range(1, rounds + 1):
                 planned += [(case["name"], round_no, host, rank) for group in groups
                             for rank, host in enumerate(group)]

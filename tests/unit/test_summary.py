@@ -339,6 +339,14 @@ def test_a_plan_whose_rounds_or_nnodes_no_planner_wrote_plans_nothing(tmp_path: 
         assert hosts_left_out(run, summary) is None, (rounds, nnodes)
     (run / "plan.json").write_text(plan % ("100", "2"), encoding="utf-8")  # the planner's limits: a plan
     assert run_progress(run, [])["planned"] == 200
+    # Each factor within its limit, their product not: a few hundred KB of names (3,000 hosts x 3,000 cases x
+    # 100 rounds) built a list of 900 million host rounds and ran out of memory; beyond MAX_PLANNED_HOST_ROUNDS
+    # (here just beyond it, 600,000, which the old code still built quickly) a plan is read as no plan
+    crafted = {"rounds": 100, "hosts": [{"name": f"h{i}"} for i in range(600)],
+               "cases": [{"name": f"c{i}"} for i in range(10)]}
+    (run / "plan.json").write_text(json.dumps(crafted), encoding="utf-8")
+    summary = summarize(run)
+    assert run_progress(run, []) == {} and hosts_left_out(run, summary) is None
 
 
 def test_a_round_measured_but_not_collected_when_interrupted_is_not_called_stopped(tmp_path: Path) -> None:
