@@ -37,6 +37,9 @@ LAST_ARGUMENT = {"cp", "mv", "ln", "rsync", "install"}  # the destination
 # shlex takes time quadratic in a word's length (a 1.6 MB word: minutes) and a script may be 16 MiB: a logical line
 # longer than this is split at blanks instead (what it names is still looked for, quotes left on).
 SHLEX_LIMIT = 8192
+PACKAGES = "packages"  # FlagPerf's folder beside the Dockerfile (vendor check's PACKAGES_FOLDER)
+# A local archive ADD unpacks (Docker's ADD extracts tar, gzip, bzip2 and xz archives).
+ARCHIVE = re.compile(r"\.(?:tar|tgz|tbz2?|txz|tar\.(?:gz|bz2|xz|zst))$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -182,10 +185,50 @@ class BuildWrites:
 
     written: list[str] = field(default_factory=list)
     downloads: bool = False
+    # Files land where this reading cannot tell (COPY --from, ADD of a URL or an archive, tar x without -C, unzip
+    # without -d): a packages/ path not found may be one of them.
+    unknown_places: bool = False
 
     def read(self, words: Iterable[str]) -> None:
         for command in _commands(list(words)):
             self._command(command)
+
+    def copy(self, instruction: Instruction) -> None:
+        """A COPY or ADD step: its destination is written. A relative one is under WORKDIR, which the RUN steps
+        are in as well; of an absolute one, the part from a packages component on is what a RUN step in WORKDIR
+        may name (COPY x /workspace/packages with WORKDIR /workspace), read leniently."""
+        first = instruction.text.partition("\n")[0].strip()
+        words: list[str] = []
+        if first.startswith("["):
+            try:
+                parsed = json.loads(first)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, list) and all(isinstance(word, str) for word in parsed):
+                words = parsed
+        if not words:
+            words = shell_words(first)
+        flags = [word for word in words if word.startswith("--")]
+        paths = [word for word in words if not word.startswith("--")]
+        if len(paths) < 2:
+            return
+        sources, destination = paths[:-1], paths[-1]
+        if any(flag.startswith("--from") for flag in flags):
+            self.unknown_places = True
+        elif instruction.keyword == "ADD" and any(re.match(r"[A-Za-z][A-Za-z0-9+.-]*://|git@", source)
+                                                  or ARCHIVE.search(source) for source in sources):
+            self.unknown_places = True  # ADD fetches a URL and unpacks a local tar archive
+        elif all((as_glob(source) or "").split("/")[0] == PACKAGES for source in sources):
+            # packages/ copied from the context: what the destination holds is what the check looks for there
+            return
+        if HEREDOC.search(destination):
+            return
+        parts = destination.split("/")
+        if destination.startswith("/"):
+            if PACKAGES not in parts:
+                return
+            parts = parts[parts.index(PACKAGES):]
+        self._wrote("/".join(parts))
 
     def _command(self, words: list[str]) -> None:
         rest: list[str] = []
@@ -212,6 +255,11 @@ class BuildWrites:
         name = "pip" if re.fullmatch(r"pip[0-9.]*", name) else name
         if name in ("wget", "curl") or (name == "pip" and arguments[:1] in (["download"], ["wheel"])):
             self.downloads = True
+        if name == "tar" and _tar_extracts(arguments) and not any(
+                word in ("-C", "--directory") or word.startswith(("--directory=", "-C")) for word in arguments):
+            self.unknown_places = True
+        if name == "unzip" and not any(word == "-d" or word.startswith("-d") for word in arguments):
+            self.unknown_places = True
         if name == "git" and arguments[:1] == ["clone"]:
             self.downloads = True
             places = [word for word in arguments[1:] if not word.startswith("-")]
@@ -252,6 +300,15 @@ class BuildWrites:
         that matches a place written). Matched component by component: a * never stands for a /."""
         parts = path.split("/")
         return any(_leads(place.split("/"), parts) or _leads(parts, place.split("/")) for place in self.written)
+
+
+def _tar_extracts(arguments: list[str]) -> bool:
+    """Whether tar's arguments extract: -x, --extract, --get, or x in the first word's bundled letters (xzf, -xzf)."""
+    if any(word in ("--extract", "--get") for word in arguments):
+        return True
+    if arguments and not arguments[0].startswith("--") and "x" in arguments[0].lstrip("-"):
+        return True
+    return any(re.fullmatch(r"-[A-Za-z]*x[A-Za-z]*", word) for word in arguments)
 
 
 def _leads(patterns: list[str], parts: list[str]) -> bool:

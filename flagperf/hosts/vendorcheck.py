@@ -93,6 +93,7 @@ from flagperf.config.vendors import (
 from flagperf.config.yamlio import parse_yaml_text
 from flagperf.errors import ConfigError, FlagperfError, finding_key, findings, left_out_line, one_line, unknown_name
 from flagperf.hosts.buildsteps import (
+    PACKAGES,
     BuildWrites,
     Instruction,
     as_glob,
@@ -429,7 +430,7 @@ def _check_dockerfile(dockerfile: Path, found: Findings) -> None:
 
 # FlagPerf's guide keeps what <framework>_install.sh installs beyond the Dockerfile in packages/ beside it: a path
 # there named by the install script or a RUN step (packages/x.run, ./packages/wheels/, packages/x-${VER}.whl).
-PACKAGES_FOLDER = "packages"
+PACKAGES_FOLDER = PACKAGES
 PACKAGE_PATH = re.compile(rf"(?<![\w./$-])(?:\./)?({PACKAGES_FOLDER}/[^\s'\";|&<>()`]*)")
 
 
@@ -451,8 +452,9 @@ def _packages_named(dockerfile: Path, instructions: list[Instruction], scripts: 
     """Each packages/ path the Dockerfile's RUN steps or its install scripts name is in the build context (the
     Dockerfile's folder) and stays in it: the build would fail on the host, after the image's base was pulled. A
     glob (packages/*.whl, or a name with a $VARIABLE in it, read as *) needs one match. A path the build itself
-    writes (mkdir, wget -P, pip download -d, > ..., tar -C, cp's destination) is none of these, nor what lies under
-    it; where the build downloads anything, a path not found is a note (it may be one of the downloads). Links out
+    writes (mkdir, wget -P, pip download -d, > ..., tar -C, cp's or a COPY's destination) is none of these, nor what
+    lies under it; where the build downloads anything or writes where this reading cannot tell (COPY --from, ADD of
+    a URL or an archive, tar x without -C, unzip without -d), a path not found is a note. Links out
     of packages/ are the vendor folder's link scans' (whole); a script that is a link is theirs too."""
     context = dockerfile.parent
     shown = display_path(context)
@@ -472,6 +474,9 @@ def _packages_named(dockerfile: Path, instructions: list[Instruction], scripts: 
             continue
         sources.append((display_path(path), shell_lines(text)))
     writes = BuildWrites()  # the build as a whole: a step sees what an earlier one wrote
+    for step in instructions:
+        if step.keyword in ("COPY", "ADD"):
+            writes.copy(step)
     named: list[tuple[str, int, str]] = []
     for where, lines in sources:
         for number, line in lines:
@@ -492,10 +497,13 @@ def _packages_named(dockerfile: Path, instructions: list[Instruction], scripts: 
             found.not_checkable.append(f"{where}: line {number}: {name} cannot be looked for ({exc})")
             continue
         if not there:
-            if writes.downloads:
+            if writes.downloads or writes.unknown_places:
+                how = ("downloads files (wget, curl, pip download)" if writes.downloads else
+                       "writes files where this check cannot tell (COPY --from, ADD of a URL or an archive, tar x "
+                       "without -C, unzip without -d)")
                 found.notes.append(f"{where}: line {number}: names {name}, which is not in {shown}: the build "
-                                   "downloads files (wget, curl, pip download), so it may be one of them; if not, "
-                                   f"FlagPerf's {PACKAGES_FOLDER}/ goes beside the Dockerfile")
+                                   f"{how}, so it may be one of them; if not, FlagPerf's {PACKAGES_FOLDER}/ goes "
+                                   "beside the Dockerfile")
             else:
                 errors.append(ConfigError(where, None, f"line {number}: names {name}, which is not in {shown} "
                                           f"(FlagPerf's {PACKAGES_FOLDER}/ goes beside the Dockerfile)"))

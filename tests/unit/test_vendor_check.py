@@ -348,6 +348,39 @@ def test_a_packages_path_the_build_writes_itself_is_not_missing(tmp_path: Path) 
         "not, FlagPerf's packages/ goes beside the Dockerfile"], (found.problems, found.notes)
 
 
+def test_a_packages_path_a_copy_step_or_an_unknown_place_may_hold_is_not_a_problem(tmp_path: Path) -> None:
+    """A COPY's destination (COPY --from=an image's packages to WORKDIR's packages/, COPY sdkdir/ packages/) was
+    not counted as written, and an archive unpacked where the check cannot tell (tar x without -C, ADD of an
+    archive, unzip without -d) gave "names packages/..., which is not in ..." for a build that works: the first is
+    written now, the second a note. A Dockerfile with none of these still has the problem."""
+    from_image = ("FROM scratch\nCOPY --from=acme/sdk:1.0 /opt/sdk/packages /workspace/packages\n"
+                  "WORKDIR /workspace\nRUN pip install packages/*.whl\n")
+    found, _ = _image_findings(tmp_path / "1", from_image)
+    assert found.problems == [], found.problems
+    for number, dockerfile in enumerate(("FROM scratch\nCOPY sdkdir/ packages/\nRUN sh packages/sdk.run\n",
+                                         "FROM scratch\nWORKDIR /w\nCOPY sdk /w/packages/sdk\n"
+                                         "RUN sh packages/sdk/sdk.run\n")):
+        found, _ = _image_findings(tmp_path / f"c{number}", dockerfile, files=("sdkdir/sdk.run", "sdk/sdk.run"))
+        assert found.problems == [] and found.notes == [], (dockerfile, found.problems, found.notes)
+    for number, dockerfile in enumerate(("FROM scratch\nCOPY sdk.tar.gz /w/\nRUN tar xf sdk.tar.gz && bash "
+                                         "packages/sdk.run\n",
+                                         "FROM scratch\nADD sdk.tar.gz /w/\nRUN bash packages/sdk.run\n",
+                                         "FROM scratch\nCOPY sdk.zip /w/\nRUN unzip sdk.zip; bash packages/sdk.run\n")):
+        found, context = _image_findings(tmp_path / f"u{number}", dockerfile, files=("sdk.tar.gz", "sdk.zip"))
+        assert found.problems == [] and found.notes == [
+            f"{display_path(context / 'Dockerfile')}: line 3: names "
+            f"packages/sdk.run, which is not in {display_path(context)}: the build writes files where this check "
+            "cannot tell (COPY --from, ADD of a URL or an archive, tar x without -C, unzip without -d), so it may "
+            "be one of them; if not, FlagPerf's packages/ goes beside the Dockerfile"], \
+            (dockerfile, found.problems, found.notes)
+    plain = ("FROM scratch\nCOPY sdk.tar.gz /w/sdk.tar.gz\nWORKDIR /w\nRUN tar -C /opt -xf sdk.tar.gz && "
+             "unzip -d /opt sdk.zip && pip install packages/x.whl\n")
+    found, context = _image_findings(tmp_path / "plain", plain, files=("sdk.tar.gz", "sdk.zip"))
+    assert found.problems == [f"{display_path(context / 'Dockerfile')}: line 4: names packages/x.whl, which is not "
+                              f"in {display_path(context)} (FlagPerf's packages/ goes beside the Dockerfile)"], \
+        found.problems
+
+
 def test_a_variable_in_a_packages_name_is_a_glob(tmp_path: Path) -> None:
     """packages/acme_torch-${VER}-py3-none-any.whl was read as packages/acme_torch- (cut at the $) and said missing
     though the wheel was there. Each $VAR or ${VAR} is now any text (a glob that needs one match); a name the shell
