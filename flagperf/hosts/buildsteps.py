@@ -178,6 +178,31 @@ def as_glob(word: str) -> str | None:
     return globbed.rstrip("/") or None
 
 
+def copy_parts(instruction: Instruction) -> tuple[list[str], list[str], str] | None:
+    """A COPY or ADD step's flags (--from=..., --chown=...), sources and destination, in either of Docker's forms
+    (``COPY a b /dst`` or ``COPY ["a", "b", "/dst"]``, the flags before either); None where it names no source
+    and destination."""
+    rest = instruction.text.partition("\n")[0].strip()
+    flags: list[str] = []
+    while rest.startswith("--"):  # the flags come first; what follows them is the shell or the JSON form
+        flag, _, rest = rest.partition(" ")
+        flags.append(flag)
+        rest = rest.lstrip()
+    paths: list[str] | None = None
+    if rest.startswith("["):
+        try:
+            parsed = json.loads(rest)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, list) and all(isinstance(word, str) for word in parsed):
+            paths = parsed
+    if paths is None:
+        paths = shell_words(rest)
+    if len(paths) < 2:
+        return None
+    return flags, paths[:-1], paths[-1]
+
+
 @dataclass
 class BuildWrites:
     """What the steps read so far write (paths, as globs) and whether any downloads (wget, curl, pip download or
@@ -197,22 +222,10 @@ class BuildWrites:
         """A COPY or ADD step: its destination is written. A relative one is under WORKDIR, which the RUN steps
         are in as well; of an absolute one, the part from a packages component on is what a RUN step in WORKDIR
         may name (COPY x /workspace/packages with WORKDIR /workspace), read leniently."""
-        first = instruction.text.partition("\n")[0].strip()
-        words: list[str] = []
-        if first.startswith("["):
-            try:
-                parsed = json.loads(first)
-            except ValueError:
-                parsed = None
-            if isinstance(parsed, list) and all(isinstance(word, str) for word in parsed):
-                words = parsed
-        if not words:
-            words = shell_words(first)
-        flags = [word for word in words if word.startswith("--")]
-        paths = [word for word in words if not word.startswith("--")]
-        if len(paths) < 2:
+        parts = copy_parts(instruction)
+        if parts is None:
             return
-        sources, destination = paths[:-1], paths[-1]
+        flags, sources, destination = parts
         if any(flag.startswith("--from") for flag in flags):
             self.unknown_places = True
         elif instruction.keyword == "ADD" and any(re.match(r"[A-Za-z][A-Za-z0-9+.-]*://|git@", source)

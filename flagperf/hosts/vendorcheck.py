@@ -97,6 +97,7 @@ from flagperf.hosts.buildsteps import (
     BuildWrites,
     Instruction,
     as_glob,
+    copy_parts,
     dockerfile_instructions,
     run_script,
     shell_lines,
@@ -414,11 +415,22 @@ def _check_dockerfile(dockerfile: Path, found: Findings) -> None:
     if not any(step.keyword == "RUN" for step in instructions) and not scripts:
         found.problem(where, "no install step (a RUN line, or FlagPerf's <framework>_install.sh beside it)")
     for step in instructions:
-        parts = step.text.splitlines()[0].split() if step.text else []
-        if step.keyword in ("COPY", "ADD") and not any(p.startswith("--from") for p in parts):
-            for name in (p for p in parts[:-1] if not p.startswith("--") and not p.startswith("<<")):
-                if not (context / name).exists():
-                    found.problem(where, f"line {step.line}: copies {name}, which is not in {display_path(context)}")
+        parts = copy_parts(step) if step.keyword in ("COPY", "ADD") else None
+        if parts is None or any(flag.startswith("--from") for flag in parts[0]):
+            continue  # a copy from another stage or image is not the build context's
+        for name in parts[1]:
+            # a heredoc's file is the Dockerfile's own; ADD fetches a URL; a glob needs one match ($VAR: any)
+            if name.startswith("<<") or re.match(r"[A-Za-z][A-Za-z0-9+.-]*://|git@", name):
+                continue
+            pattern = as_glob(name)
+            if pattern is None:
+                continue
+            try:
+                there = any(context.glob(pattern)) if re.search(r"[*?[]", pattern) else (context / pattern).exists()
+            except (ValueError, OSError):
+                continue  # a pattern pathlib refuses is not checkable here: said less, never more
+            if not there:
+                found.problem(where, f"line {step.line}: copies {name}, which is not in {display_path(context)}")
     for script in scripts:
         if script not in text:
             found.problem(where, f"{script} is beside the Dockerfile but the Dockerfile never uses it")

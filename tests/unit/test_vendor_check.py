@@ -381,6 +381,21 @@ def test_a_packages_path_a_copy_step_or_an_unknown_place_may_hold_is_not_a_probl
         found.problems
 
 
+def test_what_a_copy_step_copies_is_read_in_both_forms_and_as_a_glob(tmp_path: Path) -> None:
+    """The COPY check split the line at blanks: COPY ["sdk", "/w/sdk"] was said to copy '["sdk",', COPY *.sh and
+    ADD of a URL named files the context cannot have. Docker's JSON form is read as JSON, a source is a glob that
+    needs one match, a URL and another stage's files are not the context's; a file the context lacks still is."""
+    dockerfile = ('FROM scratch\nCOPY ["sdk", "/w/sdk"]\nCOPY --chown=1:1 ["setup.sh", "/w/"]\nCOPY *.sh /opt/\n'
+                  "ADD https://example.com/x.tar.gz /opt/\nCOPY --from=build /out /w/out\nRUN sh /opt/setup.sh\n")
+    found, context = _image_findings(tmp_path / "ok", dockerfile, files=("sdk/a.run", "setup.sh"))
+    assert found.problems == [], found.problems
+    found, context = _image_findings(tmp_path / "missing", 'FROM scratch\nCOPY ["gone.sh", "/w/"]\nCOPY *.run /w/\n'
+                                     "RUN true\n")
+    shown = display_path(context)
+    assert found.problems == [f"{display_path(context / 'Dockerfile')}: line {n}: copies {name}, which is not in "
+                              f"{shown}" for n, name in ((2, "gone.sh"), (3, "*.run"))], found.problems
+
+
 def test_a_variable_in_a_packages_name_is_a_glob(tmp_path: Path) -> None:
     """packages/acme_torch-${VER}-py3-none-any.whl was read as packages/acme_torch- (cut at the $) and said missing
     though the wheel was there. Each $VAR or ${VAR} is now any text (a glob that needs one match); a name the shell
