@@ -438,6 +438,7 @@ def clean_work_roots(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: R
             host.remove_tree(run_root)
             if (markers := host.ended_path(run_root)) is not None:  # the controller's records of its attempts' ends
                 host.remove_tree(markers)
+                host.remove_if_empty(markers.parent)  # the markers' folder, once no other run's are in it
         except Exception as exc:  # a host gone mid-run: clean-up must not hide why the run ended
             logger.warning("could not clean %s on %s: %s", run_root, name, exc)
     return measured

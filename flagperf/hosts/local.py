@@ -3,6 +3,7 @@ through this interface, so the SSH host later is a second implementation, not a 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -118,6 +119,11 @@ class Host(ABC):
 
     @abstractmethod
     def remove_tree(self, remote: Path) -> None: ...
+
+    @abstractmethod
+    def remove_if_empty(self, remote: Path) -> None:
+        """Remove the folder ``remote`` only where it is empty (one rmdir: another run's files in it keep it, with no
+        listing between that a run could race); nothing where it is not, or is gone."""
 
     @abstractmethod
     def exists(self, remote: Path) -> bool: ...
@@ -288,6 +294,10 @@ class LocalHost(Host):
 
     def remove_tree(self, remote: Path) -> None:
         shutil.rmtree(remote, ignore_errors=True)
+
+    def remove_if_empty(self, remote: Path) -> None:
+        with contextlib.suppress(OSError):
+            os.rmdir(remote)
 
     def exists(self, remote: Path) -> bool:
         return remote.exists()

@@ -480,6 +480,10 @@ class SshHost(Host):
             raise ValueError(f"refusing to remove {remote} on {self.name}: outside the work root {self.work_root}")
         self.execute(["rm", "-rf", "--", str(remote)])
 
+    def remove_if_empty(self, remote: Path) -> None:
+        if PurePosixPath(remote).is_relative_to(self.work_root) and PurePosixPath(remote) != self.work_root:
+            self.execute(["rmdir", "--", str(remote)])  # fails, harmlessly, where another run's files are in it
+
 
 def _copy_listed_size(sftp: paramiko.SFTPClient, source: str, dst: Any, size: int) -> None:
     """Copy the first ``size`` bytes of ``source`` (its size when listed), never more: sftp.getfo reads to the

@@ -1087,6 +1087,21 @@ def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("kept the half round")]
     assert len(said) == 1 and said[0].startswith(f"kept the half round localhost:{stage}: its attempts' prompt "
                                                  "positions could not all be read") and "\n" not in said[0], said
+    host.remove_tree(stage)
+
+    # The clean-up removes the run's markers, and their folder (<work_root>/.ended) once no other run's are in it:
+    # the host keeps nothing of a cleaned run (another run's markers beside them stay)
+    markers = host.ended_path(host.work_root / plan.run_id)
+    assert markers is not None and markers.parent == host.ended_root
+    (markers / "x").mkdir(parents=True)
+    other = host.ended_root / "run-other"
+    other.mkdir()
+    clean_work_roots(hosts, specs, plan.model_copy(update={"results_dir": str(tmp_path / "tidy")}), [])
+    assert not markers.exists() and other.is_dir()
+    other.rmdir()
+    (markers / "x").mkdir(parents=True)
+    clean_work_roots(hosts, specs, plan.model_copy(update={"results_dir": str(tmp_path / "tidy")}), [])
+    assert not host.ended_root.exists()
 
 
 def test_a_reservations_reach_is_kept_beside_it_and_read_where_its_files_are_gone(
