@@ -592,6 +592,7 @@ def _remove_rejected_run(run_dir: Path, results: Path, made: Path | None) -> Non
 
 
 def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    from flagperf.results.faults import BOUNDED_NOTE
     from flagperf.results.markup import plain
     from flagperf.results.operators import OPERATOR_HEADER, operator_cells
     from flagperf.results.serving import CONSOLE_HEADER, console_rows, serving_points
@@ -634,8 +635,9 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
                       f"{escape(entry['message'])}", highlight=False, soft_wrap=True)
     for problem in summary["problems"]:
         console.print(f"[red]problem[/] {escape(problem)}", highlight=False)
-    for fault in summary.get("faults", []):
-        console.print(f"[yellow]fault[/] {escape(fault)}", highlight=False, soft_wrap=True)
+    for fault in summary.get("faults", []):  # a bound the case chose (capacity's max_gib) is no fault: said as such
+        label = "[cyan]bound[/]" if BOUNDED_NOTE in fault else "[yellow]fault[/]"
+        console.print(f"{label} {escape(fault)}", highlight=False, soft_wrap=True)
     if any(e["above_peak"] for e in summary["headline"]):
         console.print("[yellow]a measurement above its peak means the spec table's peak is too low for this "
                       "machine; see report.md for the peak sources[/]")
