@@ -67,7 +67,19 @@ def _one_line_usage_errors() -> Iterator[None]:
         raise _fail(" ".join(exc.format_message().split()) + where) from None
 
 
-class _OneLineErrors(TyperGroup):
+class _ShortHelps(TyperGroup):
+    """A command's line in the help's command list is its docstring's first paragraph as one paragraph: typer's
+    rich mode keeps the docstring's line breaks there, which broke each description mid-sentence at the source's
+    wrap."""
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None and not command.short_help and command.help:
+            command.short_help = " ".join(command.help.split("\n\n")[0].split())
+        return command
+
+
+class _OneLineErrors(_ShortHelps):
     """Click reports bad options while making a command's context and choosing the command. Every command runs
     under one interrupt handler (``Interrupt``, armed: the first SIGINT or SIGTERM stops it at once, later ones
     are ignored so that its clean-up is not cut short) and ends an interrupt in one line (``_told_interrupts``);
@@ -1578,7 +1590,8 @@ def list_(what: Annotated[str, typer.Argument(help="cases, vendors, suites or al
         raise _fail(str(exc)) from None
 
 
-vendor_app = typer.Typer(help="Start and check a vendor folder (FlagPerf's vendor guide).", no_args_is_help=True)
+vendor_app = typer.Typer(cls=_ShortHelps, help="Start and check a vendor folder (FlagPerf's vendor guide).",
+                         no_args_is_help=True)
 app.add_typer(vendor_app, name="vendor")
 
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from flagperf.config import night
 from flagperf.paths import PROJECT_ROOT, display_path
-from flows.cli import app
+from flows.cli import app, vendor_app
 
 runner = CliRunner()
 
@@ -271,6 +271,21 @@ def test_run_bad_input_stops_before_prefect(tmp_path: Path, monkeypatch: pytest.
 def test_no_arguments_shows_help() -> None:
     result = invoke()
     assert "run" in result.output and "validate" in result.output and "list" in result.output
+
+
+def test_the_command_lists_say_each_command_in_one_paragraph() -> None:
+    """Wide enough for every description, each command of `flagperf --help` and `flagperf vendor --help` takes one
+    line: the docstring's source wrap never breaks a description mid-sentence (typer's rich mode kept it)."""
+    for args in ([], ["vendor"]):
+        result = runner.invoke(app, [*args, "--help"], env={"COLUMNS": "600"}, terminal_width=600)
+        assert result.exit_code == 0, result.output
+        panel = [line.strip("│ ") for line in result.output.split("Commands")[1].splitlines() if line.startswith("│")]
+        # each line: a command's name, then its description (a continuation line would start with a word of it)
+        names = [line.split()[0] for line in panel]
+        assert len(panel) >= 2 and all(len(line.split()) > 4 for line in panel), result.output
+        group = vendor_app if args else app
+        commands = [c.name or c.callback.__name__ for c in group.registered_commands]
+        assert names == commands + [g.name for g in group.registered_groups], names
 
 
 def test_run_help_names_the_planners_default_suite() -> None:
