@@ -19,9 +19,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from contextvars import copy_context
 from functools import partial
 from pathlib import Path
@@ -317,6 +317,7 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
             HOST_THREADS.reset(threads_token)
             if interruption is not None or threads.busy():  # rounds may still run in other threads
                 hosts = stopped_hosts(threads, specs, plan.run_id)
+            say_uncancelled(threads.take_unstopped())  # where no thread was waited for (stopped_hosts says them)
             measured = clean_work_roots(hosts, specs, plan, results)
             if interruption is not None and measured:  # finished on a host, not yet collected: not lost, say so
                 try:
@@ -605,6 +606,7 @@ def stop_host_threads(threads: HostThreads, grace_s: float = HOST_THREADS_GRACE_
     threads.stop()
     close_hosts()
     busy = threads.wait(grace_s)
+    say_uncancelled(threads.take_unstopped())  # the runs its threads dispatched and could not cancel, in one line
     idle = set(hosts) - set(busy)
     running = stop_idle(idle) if stop_idle is not None else {}
     if busy or running:
@@ -822,14 +824,27 @@ def dispatch(spec: HostSpec, subflow: Any, deployment_name: str, parameters: dic
 
 
 AGENT_POLL_S = 1.0
+# One read of a dispatched run's state: one attempt, this long at most. The wait's own loop tries again (the client's
+# retries held each read about a minute while the server was down, and the stop and the agent's timeouts with it).
+POLL_TIMEOUT_S = 5.0
+
+
+@contextmanager
+def one_try_client(timeout_s: float) -> Iterator[SyncPrefectClient]:
+    """A Prefect client whose every call is one attempt of at most ``timeout_s`` a phase (connect, read, write): its
+    caller decides what to do when the server does not answer, not the client's retries (about a minute a call)."""
+    with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}), \
+            get_client(httpx_settings={"timeout": timeout_s}, sync_client=True) as client:
+        yield client
 
 
 def wait_for_agent(spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> FlowRun:
     """Wait for a dispatched run: first for the host's worker to pick it up (``agent.start_timeout_s``: a
     worker that is down fails the host in minutes, not after the round's whole budget, and the run is
-    cancelled so it cannot start later), then for it to end (``agent.timeout_s``, counted from dispatch)."""
+    cancelled so it cannot start later), then for it to end (``agent.timeout_s``, counted from dispatch). Each
+    look is one bounded read, so the stop and the timeouts hold while the Prefect server does not answer."""
     assert spec.agent is not None
-    with get_client(sync_client=True) as client:
+    with one_try_client(POLL_TIMEOUT_S) as client:
         try:
             return _wait_for_agent(client, spec, flow_run_id, deployment_name)
         except BaseException as exc:  # Ctrl-C, a cancelled evaluation, its stop: the dispatched run must not go on
@@ -847,13 +862,13 @@ def cancel_at_interrupt(spec: HostSpec, flow_run_id: UUID, deployment_name: str,
                         deadline_s: float = CANCEL_DEADLINE_S) -> None:
     """cancel_dispatched, bounded: one attempt per call (the client's retries hold a Ctrl-C about a minute per call
     when the server is down), each at most CANCEL_TIMEOUT_S, all within ``deadline_s``. A run it could not cancel is
-    named in one warning line: it may still run, or start later, on its host."""
+    noted for the evaluation's one warning line (say_uncancelled, once its hosts' threads have ended), or said alone
+    outside one: it may still run, or start later, on its host."""
     failed: list[str] = []
 
     def cancel() -> None:
         try:
-            with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}), \
-                    get_client(httpx_settings={"timeout": CANCEL_TIMEOUT_S}, sync_client=True) as client:
+            with one_try_client(CANCEL_TIMEOUT_S) as client:
                 cancel_dispatched(client, spec, flow_run_id, deployment_name)
         except Exception as exc:
             failed.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -866,9 +881,29 @@ def cancel_at_interrupt(spec: HostSpec, flow_run_id: UUID, deployment_name: str,
     if worker.is_alive():
         failed.append(f"no answer within {deadline_s:.0f} s")
     if failed:
-        round_logger().warning("could not cancel %s run %s on host %s (%s): it may still run or start there; "
-                               "cancel it with prefect flow-run cancel %s", deployment_name, flow_run_id,
-                               spec.name, failed[0], flow_run_id)
+        threads = HOST_THREADS.get()
+        what = f"{deployment_name} run {flow_run_id}"
+        if threads is None or not threads.note_unstopped(spec.name, what, failed[0]):
+            say_uncancelled([(spec.name, what, failed[0])])
+
+
+def say_uncancelled(runs: list[tuple[str, str, str]]) -> None:
+    """The dispatched runs an interrupt could not cancel ((host, "DEPLOYMENT run ID", why) each), in one warning line:
+    they may still run, or start later, on their hosts."""
+    if not runs:
+        return
+    if len(runs) == 1:
+        host, what, why = runs[0]
+        round_logger().warning("could not cancel %s on host %s (%s): it may still run or start there; cancel it with "
+                               "prefect flow-run cancel %s", what, host, why, what.rpartition(" ")[2])
+        return
+    hosts = ", ".join(sorted({host for host, _, _ in runs}))
+    whys = list(dict.fromkeys(why for _, _, why in runs))
+    round_logger().warning(
+        "could not cancel %d dispatched runs, on hosts %s (%s%s): they may still run or start there; cancel each with "
+        "prefect flow-run cancel ID (%s)", len(runs), hosts, whys[0],
+        f"; and {len(whys) - 1} other reason(s)" if len(whys) > 1 else "",
+        "; ".join(f"{host}: {what}" for host, what, _ in sorted(runs)))
 
 
 def cancel_dispatched(client: SyncPrefectClient, spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> None:
@@ -886,32 +921,76 @@ def cancel_dispatched(client: SyncPrefectClient, spec: HostSpec, flow_run_id: UU
                            flow_run_id, spec.name)
 
 
+def server_unreachable() -> tuple[type[BaseException], ...]:
+    """What a read raises when the Prefect server does not answer it (down, restarting, a dropped connection, a read
+    past POLL_TIMEOUT_S), as opposed to its own answer about the run."""
+    import httpx
+
+    return (httpx.TransportError,)
+
+
+def server_busy(exc: BaseException) -> bool:
+    """An answer that is no word on the run: the server (or a proxy before it) is restarting or overloaded."""
+    import httpx
+
+    return isinstance(exc, httpx.HTTPStatusError) and (exc.response.status_code >= 500
+                                                       or exc.response.status_code == 429)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
 def _wait_for_agent(client: SyncPrefectClient, spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> FlowRun:
     assert spec.agent is not None
     started = time.monotonic()
-    run = client.read_flow_run(flow_run_id)
-    while run.state is None or run.state.is_scheduled() or run.state.is_pending():
+    run: FlowRun | None = None  # as last read
+    silent: str | None = None  # why the last read got no answer; None once one did
+    silent_since = started
+    while True:
+        try:
+            run = client.read_flow_run(flow_run_id)
+            silent = None
+        except Exception as exc:
+            if not isinstance(exc, server_unreachable()) and not server_busy(exc):
+                raise
+            if silent is None:
+                silent_since = time.monotonic()
+            silent = _one_line(exc)
+        waiting = run is None or run.state is None or run.state.is_scheduled() or run.state.is_pending()
+        if run is not None and run.state is not None and run.state.is_final():  # read by the last look
+            return run
         if stop_requested():
             raise RoundsStopped(f"the run is stopping: host {spec.name}'s {deployment_name} run is cancelled")
-        waited = time.monotonic() - started
-        if waited > spec.agent.start_timeout_s:
-            client.set_flow_run_state(flow_run_id, Cancelled(message="no worker picked it up"), force=True)
+        now = time.monotonic()
+        unanswered = (f"; the Prefect server has not answered for {now - silent_since:.0f} s ({silent})"
+                      if silent is not None else "")
+        if waiting and now - started > spec.agent.start_timeout_s:
+            not_cancelled = give_up(client, flow_run_id, "no worker picked it up")
             raise InfrastructureFailure(
                 f"host {spec.name}: no worker on work queue {spec.queue} picked up {deployment_name} within "
-                f"{spec.agent.start_timeout_s:.0f} s (start one on the host: prefect worker start --pool "
-                f"flagperf --work-queue {spec.queue})")
+                f"{spec.agent.start_timeout_s:.0f} s{unanswered}{not_cancelled} (start one on the host: prefect "
+                f"worker start --pool flagperf --work-queue {spec.queue})")
+        if now - started > spec.agent.timeout_s:
+            not_cancelled = give_up(client, flow_run_id, "agent.timeout_s exceeded")
+            raise InfrastructureFailure(f"host {spec.name}: {deployment_name} run {run.name if run else flow_run_id} "
+                                        f"did not end within agent.timeout_s = {spec.agent.timeout_s:.0f} s"
+                                        f"{unanswered}{not_cancelled}")
         time.sleep(AGENT_POLL_S)
-        run = client.read_flow_run(flow_run_id)
-    while not run.state.is_final():
-        if stop_requested():
-            raise RoundsStopped(f"the run is stopping: host {spec.name}'s {deployment_name} run is cancelled")
-        if time.monotonic() - started > spec.agent.timeout_s:
-            client.set_flow_run_state(flow_run_id, Cancelled(message="agent.timeout_s exceeded"), force=True)
-            raise InfrastructureFailure(f"host {spec.name}: {deployment_name} run {run.name} did not end "
-                                        f"within agent.timeout_s = {spec.agent.timeout_s:.0f} s")
-        time.sleep(AGENT_POLL_S)
-        run = client.read_flow_run(flow_run_id)
-    return run
+
+
+def give_up(client: SyncPrefectClient, flow_run_id: UUID, why: str) -> str:
+    """Cancel a dispatched run the wait gives up on, so that it cannot start or go on later; where the server does not
+    take that, what to add to the host's failure line (the run may still start or run there), else ''."""
+    try:
+        client.set_flow_run_state(flow_run_id, Cancelled(message=why), force=True)
+    except Exception as exc:
+        if not isinstance(exc, server_unreachable()) and not server_busy(exc):
+            raise
+        return (f"; it could not be cancelled ({_one_line(exc)}) and may still start or run there: cancel it with "
+                f"prefect flow-run cancel {flow_run_id}")
+    return ""
 
 
 def completed_round(run_dir: Path, case: str, round_no: int, host: str, node_rank: int = 0) -> RoundResult | None:

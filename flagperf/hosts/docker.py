@@ -493,17 +493,32 @@ class DockerRuntime(Runtime):
             # network_mode host for every vendor, by design (docs/hosts-and-containers.md, Options): a multi-node
             # case's MASTER_ADDR and its NCCL/gloo sockets are the host's addresses, which a container on a bridge
             # network does not have; no vendor file may change it (none of FlagPerf's vendors asked for another).
-            container = client.containers.create(
-                s.image, command, name=name, detach=True, init=True, user=self.user, working_dir=str(host.project_root),
-                environment=env, network_mode="host", ipc_mode=s.ipc_mode, shm_size=s.shm_size,
-                privileged=s.privileged, devices=s.devices or None, group_add=s.group_add or None,
-                device_requests=[DeviceRequest(**r) for r in s.device_requests] or None,
-                ulimits=[Ulimit(name=name, soft=value, hard=value) for name, value in s.ulimits.items()] or None,
-                mounts=mounts, volumes=volumes or None,
-                labels={**labels, f"{LABEL}.host": host.name, f"{LABEL}.run": self.scratch_root.name, **owner_labels()})
-            container.start()
-            running = True
-            container.reload()
+            doing = "creating"
+            try:
+                container = client.containers.create(
+                    s.image, command, name=name, detach=True, init=True, user=self.user,
+                    working_dir=str(host.project_root), environment=env, network_mode="host", ipc_mode=s.ipc_mode,
+                    shm_size=s.shm_size, privileged=s.privileged, devices=s.devices or None,
+                    group_add=s.group_add or None,
+                    device_requests=[DeviceRequest(**r) for r in s.device_requests] or None,
+                    ulimits=[Ulimit(name=name, soft=value, hard=value) for name, value in s.ulimits.items()] or None,
+                    mounts=mounts, volumes=volumes or None,
+                    labels={**labels, f"{LABEL}.host": host.name, f"{LABEL}.run": self.scratch_root.name,
+                            **owner_labels()})
+                doing = "starting"
+                container.start()
+                running = True
+                doing = "inspecting"
+                container.reload()
+            except docker.errors.APIError:
+                raise  # the engine's own answer
+            except link_errors() as exc:  # no answer: as a link lost during the wait (the round may be tried again)
+                # a start whose answer was lost may have reached the engine: a container left running is said so
+                running = running or doing == "starting"
+                logger.debug("the link to %s's container engine dropped while %s container %s", host.name, doing,
+                             name, exc_info=exc)
+                raise _Lost(f"the link to {host.name}'s container engine dropped while {doing} container {name} "
+                            f"({_one_line(exc)})") from exc
             if pid_file is not None:
                 host.write_text(pid_file, str(container.attrs["State"]["Pid"]))  # the monitors follow the case
             logger.info("container %s (%s) started on %s%s", container.short_id, s.image, host.name,

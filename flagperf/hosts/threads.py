@@ -21,6 +21,11 @@ class RoundsStopped(FlagperfError):
     """The evaluation is stopping (an interrupt): a host's thread starts nothing more."""
 
 
+# What a stopped case's state keeps of its log (CaseStopped.keep_tail): its case.log has it all
+STOPPED_TAIL_LINES = 50
+STOPPED_TAIL_CHARS = 4096
+
+
 class CaseStopped(RoundsStopped):
     """The evaluation's stop ended a round's case process (a container its watcher killed), and its runtime saw it
     end: its ``exit_code``, so that the controller records the end (tasks.container.seen_ended: the attempt's record
@@ -30,6 +35,21 @@ class CaseStopped(RoundsStopped):
         super().__init__(message)
         self.exit_code = exit_code
         self.lines = list(lines or [])
+
+    def keep_tail(self) -> None:
+        """Keep only the end of ``lines`` (STOPPED_TAIL_LINES, STOPPED_TAIL_CHARS in all; a longer last line by its
+        end), once its case.log was written: the error goes on into a Cancelled state's data, stored and shown by
+        Prefect, which a whole log would swell."""
+        kept: list[str] = []
+        size = 0
+        for line in reversed(self.lines[-STOPPED_TAIL_LINES:]):
+            if size + len(line) > STOPPED_TAIL_CHARS:
+                if not kept:
+                    kept.append(line[-STOPPED_TAIL_CHARS:])
+                break
+            kept.append(line)
+            size += len(line)
+        self.lines = kept[::-1]
 
     def __reduce__(self) -> tuple[type[CaseStopped], tuple[str, int, list[str]]]:
         # args holds only the message: pickle (Prefect's result and state storage) and deepcopy call the class again
@@ -41,6 +61,7 @@ class HostThreads:
         self._changed = threading.Condition()
         self._driving: dict[object, tuple[threading.Thread, tuple[str, ...]]] = {}
         self._stopping = threading.Event()
+        self._unstopped: list[tuple[str, str, str]] | None = []  # None once taken (take_unstopped)
 
     def run(self, hosts: Sequence[str], call: Callable[[], T]) -> T:
         """``call`` in this thread, counted as driving ``hosts`` until it returns; refused once stopping."""
@@ -66,6 +87,23 @@ class HostThreads:
     def wait_stopping(self, timeout_s: float) -> bool:
         """Wait (at most ``timeout_s``) for the stop; whether it came."""
         return self._stopping.wait(timeout_s)
+
+    def note_unstopped(self, host: str, what: str, why: str) -> bool:
+        """Something of ``host`` that its thread could not stop at the stop (``what``: a run dispatched to its worker;
+        ``why``), for one line that names them all once the threads have ended (take_unstopped); False once that line
+        was said (a thread that outlived the wait): the caller says it alone."""
+        with self._changed:
+            if self._unstopped is None:
+                return False
+            self._unstopped.append((host, what, why))
+            return True
+
+    def take_unstopped(self) -> list[tuple[str, str, str]]:
+        """What the threads noted they could not stop (note_unstopped), (host, what, why) each; later notes are said
+        by their threads alone."""
+        with self._changed:
+            taken, self._unstopped = self._unstopped or [], None
+            return taken
 
     def busy(self) -> dict[str, list[str]]:
         """The hosts some thread still drives, each with those threads' names."""

@@ -577,6 +577,100 @@ def test_a_docker_round_the_stop_killed_with_its_link_dropped_keeps_no_ended_mar
     assert marker is not None and not marker.exists()
 
 
+def test_a_stopped_rounds_cancelled_state_keeps_the_end_of_its_log_and_its_case_log_all(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C kills a round's container that printed a long log: its case.log has every line, and the Cancelled state
+    of its task (whose data Prefect stores and shows) keeps the last lines only; it carried the whole log."""
+    import pickle
+
+    from flagperf.hosts.threads import STOPPED_TAIL_CHARS, STOPPED_TAIL_LINES, CaseStopped
+    from flagperf.results.schema import CASE_LOG_FILE
+    from tasks.container import stopped_state
+
+    printed = [f"[case] point {i} sent" for i in range(5000)]
+
+    class Talkative(EngineContainer):
+        def logs(self, stream: bool = False, **options: object) -> object:
+            text = "".join(f"{line}\n" for line in printed).encode()
+            return iter([text]) if stream else text
+
+    outcome, _, stage = stopped_docker_round(tmp_path, monkeypatch, Talkative())
+    assert isinstance(outcome, CaseStopped), outcome
+    assert (stage / "attempt1" / CASE_LOG_FILE).read_text().splitlines() == printed
+    state = stopped_state(outcome, "computation-FP32 round 1 on a")
+    assert state.is_cancelled()
+    kept = pickle.loads(pickle.dumps(state.data))  # as stored
+    assert isinstance(kept, CaseStopped) and kept.exit_code == -9
+    assert kept.lines == printed[-STOPPED_TAIL_LINES:]
+    assert sum(map(len, kept.lines)) <= STOPPED_TAIL_CHARS
+
+
+def test_a_stopped_cases_kept_tail_is_bounded_in_characters_too() -> None:
+    """Long lines: the tail keeps whole lines up to its size, and a last line longer than that by its end."""
+    from flagperf.hosts.threads import STOPPED_TAIL_CHARS, CaseStopped
+
+    wide = CaseStopped("the run is stopping", -9, ["a" * 1000, "b" * 1000, *["c" * 1500] * 2])
+    wide.keep_tail()
+    assert wide.lines == ["b" * 1000, *["c" * 1500] * 2]
+    one = CaseStopped("the run is stopping", -9, ["x", "y" * 10 + "z" * STOPPED_TAIL_CHARS])
+    one.keep_tail()
+    assert one.lines == ["z" * STOPPED_TAIL_CHARS]
+
+
+@pytest.mark.parametrize("step", ["create", "start", "reload"])
+@pytest.mark.parametrize("error", ["requests", "paramiko"])
+def test_a_link_lost_as_a_container_is_created_or_started_fails_the_round_in_one_line_to_be_retried(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str, error: str) -> None:
+    """The link to a host's engine drops (its engine gone, or the SSH connection that carries it) while a round's
+    container is created, started or looked at after its start: the attempt fails as a lost link (an
+    InfrastructureFailure, which is retried) in one line naming the host and the step, as a link lost during the wait
+    does; it was the SDK's raw requests or paramiko error, which no retry took. A container that may run is removed."""
+    import paramiko
+    import requests
+
+    from flagperf.config.job import Job
+    from flagperf.config.plan import plan_run
+    from flagperf.errors import InfrastructureFailure
+    from tasks import container as container_module
+
+    lost = (requests.exceptions.ConnectionError("('Connection aborted.', ConnectionResetError(104))")
+            if error == "requests" else paramiko.SSHException("SSH session not active"))
+
+    class Dropping(EngineContainer):
+        def start(self) -> None:
+            if step == "start":
+                raise lost
+
+        def reload(self) -> None:
+            if step == "reload":
+                raise lost
+
+    class DroppingClient(EngineClient):
+        def create(self, *args: object, **options: object) -> EngineContainer:
+            if step == "create":
+                raise lost
+            return self.container
+
+    monkeypatch.setattr(container_module, "get_run_logger", lambda: logging.getLogger("test"))  # no task run around
+    host = LocalHost(name="a", work_root=tmp_path / "a")
+    engine = Dropping()
+    runtime = docker_runtime(host.work_root, engine)
+    client = DroppingClient(engine)
+    runtime.client_factory = lambda: client
+    plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
+    case = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=case.name, family=case.family, round=1, host="a", vendor="cpu",
+              config=case.config, config_origins=case.origins, run_overrides=case.run_overrides, image={})
+    with pytest.raises(InfrastructureFailure) as failed:
+        container_module._run_case(host, runtime, job, host.work_root / "run-a" / case.name / "round1", 3600)
+    line = str(failed.value)
+    doing = {"create": "creating", "start": "starting", "reload": "inspecting"}[step]
+    assert line.startswith("computation-FP32 round 1 on a: lost, not failed: the link to a's container engine "
+                           f"dropped while {doing} container flagperf-"), line
+    assert type(lost).__name__ in line and "\n" not in line, line
+    assert engine.removed.is_set() == (step != "create")  # created: removed (a start may have reached the engine)
+
+
 def test_a_case_stopped_survives_pickling_and_deep_copy() -> None:
     """CaseStopped crosses Prefect's state storage (pickled) and deep copies with its exit code and log lines: its
     args hold only the message, so the default reduce called it without them (TypeError)."""
@@ -609,26 +703,21 @@ def test_a_docker_rounds_wait_outside_a_stop_is_the_containers_own(tmp_path: Pat
                "the container's stop watcher ends with its wait")
 
 
-@pytest.mark.parametrize("server", ["closed", "hangs-up"])
-def test_cancelling_a_dispatched_run_at_an_interrupt_with_the_server_down_names_it_in_one_line(
-        server: str, caplog: pytest.LogCaptureFixture) -> None:
-    """Ctrl-C while a round runs on a host's worker, and the Prefect server does not answer: the cancel is tried
-    once (the client's retries held the interrupt about a minute per call) and the run it could not cancel is
-    named in one warning line, with its host, instead of being passed over in silence."""
+@contextlib.contextmanager
+def unanswering_server(server: str, on_accept: Any = None) -> Iterator[list[object]]:
+    """PREFECT_API_URL at a Prefect server that does not answer: "closed", its port refuses every connection (the port
+    stays bound to a socket that never listens, so no other process can take it: Linux); "hangs-up", it takes each
+    connection and hangs up without an answer (a retryable error), calling ``on_accept`` with how many it took first.
+    Yields the connections taken."""
     import socket
-    import uuid
 
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.evaluate import cancel_at_interrupt
-
-    accepted: list[socket.socket] = []
+    accepted: list[object] = []
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    # "closed": the port stays bound to this socket, which never listens, so no other process can take it and each
-    # connection to it is refused (Linux)
-    if server == "hangs-up":  # the server takes the connection and hangs up without an answer (retryable)
+    if server == "hangs-up":
         listener.listen(16)
 
         def hang_up() -> None:
@@ -636,22 +725,136 @@ def test_cancelling_a_dispatched_run_at_an_interrupt_with_the_server_down_names_
                 while True:
                     connection, _ = listener.accept()
                     accepted.append(connection)
+                    if on_accept is not None:
+                        on_accept(len(accepted))
                     connection.close()
 
         threading.Thread(target=hang_up, daemon=True).start()
-    spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {}})
-    run_id = uuid.uuid4()
     try:
-        with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{port}/api"}), caplog.at_level(logging.WARNING):
-            cancel_at_interrupt(spec, run_id, "host-round/host-round")
+        with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{port}/api"}):
+            yield accepted
     finally:
         listener.close()
+
+
+@pytest.mark.parametrize("server", ["closed", "hangs-up"])
+def test_cancelling_a_dispatched_run_at_an_interrupt_with_the_server_down_names_it_in_one_line(
+        server: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Ctrl-C while a round runs on a host's worker, and the Prefect server does not answer: the cancel is tried
+    once (the client's retries held the interrupt about a minute per call) and the run it could not cancel is
+    named in one warning line, with its host, instead of being passed over in silence."""
+    import uuid
+
+    from flows.evaluate import cancel_at_interrupt
+
+    spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {}})
+    run_id = uuid.uuid4()
+    with unanswering_server(server) as accepted, caplog.at_level(logging.WARNING):
+        cancel_at_interrupt(spec, run_id, "host-round/host-round")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
     assert f"could not cancel host-round/host-round run {run_id} on host far" in warnings[0], warnings
     assert "no answer within" not in warnings[0], warnings  # the one attempt failed, not the deadline
     if server == "hangs-up":
         assert len(accepted) == 1  # one attempt, not the client's retries
+
+
+def test_a_stop_while_the_server_does_not_answer_ends_the_wait_for_a_dispatched_run_at_its_next_look(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The Prefect server hangs up on every read of a host's dispatched run, and the run is stopped (Ctrl-C) during
+    the second: the wait ends at that look (RoundsStopped), each read one connection, where the client's own retries
+    held one read about a minute, and the stop with it. Its cancel, which fails too, is said at the threads' end."""
+    import uuid
+
+    from flows import evaluate
+
+    monkeypatch.setattr(evaluate, "AGENT_POLL_S", 0.01)
+    spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {"start_timeout_s": 3600}})
+    run_id = uuid.uuid4()
+    threads = HostThreads()
+    token = HOST_THREADS.set(threads)
+    try:
+        with unanswering_server("hangs-up", lambda taken: taken == 2 and threads.stop()) as accepted, \
+                caplog.at_level(logging.WARNING), pytest.raises(RoundsStopped, match="run is stopping"):
+            threads.run(["far"], lambda: evaluate.wait_for_agent(spec, run_id, "host-round/host-round"))
+        assert len(accepted) == 3  # two reads, the second stopped; then the one try at cancelling
+        assert not [r for r in caplog.records if r.levelno == logging.WARNING]  # said once the threads have ended
+        evaluate.stop_host_threads(threads, grace_s=0)
+    finally:
+        HOST_THREADS.reset(token)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and f"could not cancel host-round/host-round run {run_id} on host far" in warnings[0]
+
+
+@pytest.mark.parametrize("picked_up", [False, True], ids=["waiting", "running"])
+def test_a_dispatched_runs_timeout_while_the_server_does_not_answer_fails_the_host_in_one_line(
+        picked_up: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Prefect server stops answering while the controller waits on a host's dispatched run: at
+    agent.start_timeout_s (no worker seen to pick it up) or agent.timeout_s the host fails in one line that says the
+    server has not answered, and that the run could not be cancelled and how to, not with httpx's error."""
+    import uuid
+
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.states import Running, Scheduled
+
+    from flagperf.errors import InfrastructureFailure
+    from flows import evaluate
+
+    monkeypatch.setattr(evaluate, "AGENT_POLL_S", 0.01)
+    run_id = uuid.uuid4()
+    seen = FlowRun(id=run_id, name="quiet-fox", flow_id=uuid.uuid4(), state=Running() if picked_up else Scheduled())
+    spec = HostSpec.model_validate({"name": "far", "address": "localhost",
+                                    "agent": {"start_timeout_s": 0.05, "timeout_s": 0.1 if picked_up else 3600}})
+
+    class AnsweredOnce:  # the server's first answer (the run as dispatched, or picked up), then none
+        def __init__(self, client: Any) -> None:
+            self.client, self.reads = client, 0
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.client, name)
+
+        def read_flow_run(self, flow_run_id: object) -> object:
+            self.reads += 1
+            return seen if self.reads == 1 else self.client.read_flow_run(flow_run_id)
+
+    with unanswering_server("closed"), evaluate.one_try_client(evaluate.POLL_TIMEOUT_S) as client, \
+            pytest.raises(InfrastructureFailure) as failed:
+        evaluate._wait_for_agent(AnsweredOnce(client), spec, run_id, "host-round/host-round")  # type: ignore[arg-type]
+    line = str(failed.value)
+    assert "\n" not in line
+    if picked_up:
+        assert line.startswith("host far: host-round/host-round run quiet-fox did not end within agent.timeout_s")
+    else:
+        assert line.startswith("host far: no worker on work queue host-far picked up host-round/host-round within")
+    assert "the Prefect server has not answered for" in line and "ConnectError" in line, line
+    assert "could not be cancelled (ConnectError" in line and f"prefect flow-run cancel {run_id}" in line, line
+
+
+def test_the_runs_an_interrupt_could_not_cancel_are_named_in_one_line_for_all_hosts(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Ctrl-C with rounds on two hosts' workers and the Prefect server down: each host's thread fails to cancel its
+    run; one warning line names both hosts and both runs (it was one line per host)."""
+    import uuid
+
+    from flows import evaluate
+
+    specs = [HostSpec.model_validate({"name": name, "address": "localhost", "agent": {}}) for name in ("a", "b")]
+    runs = {spec.name: uuid.uuid4() for spec in specs}
+    threads = HostThreads()
+    threads.stop()
+    token = HOST_THREADS.set(threads)
+    try:
+        with unanswering_server("closed"), caplog.at_level(logging.WARNING):
+            evaluate.run_concurrently([lambda spec=spec: evaluate.cancel_at_interrupt(spec, runs[spec.name],
+                                                                                      "host-round/host-round")
+                                       for spec in specs])
+            evaluate.stop_host_threads(threads, grace_s=0)
+    finally:
+        HOST_THREADS.reset(token)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("could not cancel 2 dispatched runs, on hosts a, b (ConnectError"), warnings
+    assert f"a: host-round/host-round run {runs['a']}; b: host-round/host-round run {runs['b']}" in warnings[0]
 
 
 def test_a_check_that_outlives_the_stop_is_named_as_a_check(
