@@ -189,6 +189,15 @@ class RequestRecord:
             return self.output_tokens_usage
         return self.output_tokens_client or 0
 
+    @property
+    def prompt_tokens(self) -> int:
+        """The server's usage where it sent one, else the client's count as sent (chat template), else of the
+        text."""
+        for count in (self.prompt_tokens_usage, self.prompt_tokens_sent, self.prompt_tokens_client):
+            if count is not None:
+                return count
+        return 0
+
     @classmethod
     def from_json(cls, line: str) -> RequestRecord:
         return cls(**json.loads(line))

@@ -8,6 +8,8 @@ figure below is one Metric of result.json; docs/serving.md repeats the table.
                                     send to last end); carries ``window`` (epoch start, end) and ``work``
                                     (the output tokens), so the run summary computes energy per output token
                                     from the monitors (energy_per_work, J/token)
+  total_tokens_per_s                input and output tokens of the successful requests / the point's duration
+                                    (vLLM's total token throughput; input: the server's usage.prompt_tokens first)
   output_tokens_per_s_per_device    the same / devices (tensor_parallel x nodes, or the endpoint's devices)
   tokens_per_s_per_user             per request: output tokens / E2EL; mean, p10 (the slow tail: of a rate, low
                                     is slow), p50, p90 over requests; no p99 (a rate's p99 is its fastest 1 %)
@@ -22,6 +24,8 @@ figure below is one Metric of result.json; docs/serving.md repeats the table.
   goodput_fraction                  requests meeting every SLO / all timed requests (failed ones included)
   slo_p99_met                       1 when p99 TTFT <= slo.ttft_s and p99 TPOT <= slo.tpot_s (and p99 E2EL
                                     <= slo.e2el_s when given) and no request failed, else 0 (MLPerf's check)
+  slo_p99_confident                 1 when slo_p99_met and each bounded latency has as many requests as MLPerf
+                                    LoadGen's early stopping needs for a p99 at 99 % confidence (459 with none over)
   failed_requests                   requests with an error (HTTP status, error event, a stream that broke off
                                     or was aborted: flagperf.generate.loadgen)
   failed_fraction                   failed requests / all timed requests (iterations: the timed requests)
@@ -73,8 +77,27 @@ PERCENTILES = LATENCY_PERCENTILES
 FAILED = ("a request fails on an HTTP status other than 200, a transport error or request_timeout_s, an error event, "
           "an event with none of choices, usage and error, or a stream that ends without a finish_reason or with "
           "finish_reason abort or error")
+INPUT_TOKENS = ("input tokens of a request: the server's usage.prompt_tokens (the chat template included), else the "
+                "client's count of the prompt as sent, else of its text")
+# MLPerf Inference LoadGen's early stopping (loadgen/early_stopping.cc, results.cc, Server scenario): how many queries a
+# p99 verdict needs at 99 % confidence, given how many were over the bound. The numbers are LoadGen's; the code is ours.
+EARLY_STOPPING_PERCENTILE = 0.99
+EARLY_STOPPING_CONFIDENCE = 0.99
+EARLY_STOPPING_MAX_OVER = 100_000  # past this many requests over a bound, the count needed is not worked out
+EARLY_STOPPING = ("MLPerf LoadGen's early stopping (Server): with t requests over a bound, a p99 verdict at 99 % "
+                  "confidence needs n >= h + t requests, h the least for which t or fewer over in h + t would have a "
+                  "chance under 1 % were 1 % over (459 with none over)")
+# A server may send several tokens in one chunk (speculative decoding, a stream interval): ITL is then per chunk, as
+# vLLM's bench serve counts it, while SGLang's bench_serving spreads a chunk's gap over its tokens and GenAI-Perf's
+# "inter token latency" is per token (this project's TPOT). Past this many output tokens per chunk the point says so.
+TOKENS_PER_CHUNK_FLAG = 1.1
 CONVENTIONS = {
     "output_tokens_per_s": f"output tokens of the successful timed requests / {DURATION}; {OUTPUT_TOKENS}",
+    "total_tokens_per_s": f"input and output tokens of the successful timed requests / {DURATION} (vLLM's total token "
+                          f"throughput, SGLang's total throughput); {INPUT_TOKENS}; {OUTPUT_TOKENS}",
+    "slo_p99_confident": "1 when slo_p99_met is 1 and the point has as many requests as MLPerf LoadGen's early "
+                         "stopping needs for each bounded p99 (TTFT, TPOT, E2EL when bounded), else 0; "
+                         f"{EARLY_STOPPING}",
     "output_tokens_per_s_per_device": "output_tokens_per_s / devices (tensor_parallel x nodes, or the endpoint's "
                                       "devices)",
     "requests_per_s": f"successful timed requests / {DURATION}",
@@ -102,8 +125,9 @@ CONVENTIONS = {
               f"1-token requests left out; {OUTPUT_TOKENS}; {PERCENTILES}; {BATCH} is (last token - first token) / "
               "(output tokens - 1)",
     "itl_s": f"inter-token latency: every gap between consecutive output chunks of a successful request, pooled (a "
-             f"chunk may carry several tokens); {OUTPUT_CHUNK}; {PERCENTILES}; {BATCH} gaps are between tokens as the "
-             "engine hands them out",
+             "chunk may carry several tokens: then a gap is per chunk, as vLLM's bench serve counts it, not per token "
+             "as SGLang's bench_serving spreads it; the note says the point's output tokens per chunk); "
+             f"{OUTPUT_CHUNK}; {PERCENTILES}; {BATCH} gaps are between tokens as the engine hands them out",
     "e2el_s": "end-to-end latency: send to the end of the response stream (its last event), client perf_counter; "
               f"successful requests; {PERCENTILES}; {RESENT}; {BATCH} ends at the request's last token, from its "
               "arrival at the engine",
@@ -162,6 +186,56 @@ def is_truncated(record: RequestRecord) -> bool:
 
 
 @dataclass(frozen=True)
+class EarlyStopping:
+    """MLPerf LoadGen's early stopping for one bounded latency: of ``requests``, ``over`` were over the bound, and a p99
+    verdict at 99 % confidence needs ``needed`` requests (None: more than EARLY_STOPPING_MAX_OVER were over)."""
+
+    requests: int
+    over: int
+    needed: int | None
+
+    @property
+    def met(self) -> bool:
+        return self.needed is not None and self.requests >= self.needed
+
+    def as_json(self) -> dict[str, int | bool | None]:
+        return {"requests": self.requests, "over": self.over, "needed": self.needed, "met": self.met}
+
+
+def _at_most_over_chance(under: int, over: int, percentile: float) -> float:
+    """The chance of ``over`` or fewer of ``under + over`` requests over the bound, were a share 1 - percentile of
+    them over it: the binomial distribution's CDF, summed in log space (n up to millions)."""
+    n, q = under + over, 1.0 - percentile
+    terms = [math.lgamma(n + 1) - math.lgamma(x + 1) - math.lgamma(n - x + 1) + x * math.log(q)
+             + (n - x) * math.log(percentile) for x in range(over + 1)]
+    top = max(terms)
+    return math.exp(top) * math.fsum(math.exp(t - top) for t in terms)
+
+
+def early_stopping_needed(over: int, percentile: float = EARLY_STOPPING_PERCENTILE,
+                          confidence: float = EARLY_STOPPING_CONFIDENCE) -> int | None:
+    """The requests a percentile verdict needs when ``over`` of them were over its bound (LoadGen's
+    find_min_passing + t): the least h with a chance under 1 - confidence of ``over`` or fewer over in h + over."""
+    if over > EARLY_STOPPING_MAX_OVER:
+        return None
+    low, high = 0, max(1, math.ceil(math.log(1 - confidence) / math.log(percentile)))
+    while _at_most_over_chance(high, over, percentile) >= 1 - confidence:
+        low, high = high, high * 2
+    while low < high:  # the chance falls as h grows: the least passing h
+        middle = (low + high) // 2
+        if _at_most_over_chance(middle, over, percentile) < 1 - confidence:
+            high = middle
+        else:
+            low = middle + 1
+    return high + over
+
+
+def early_stopping(values: list[float], bound: float) -> EarlyStopping:
+    over = sum(1 for v in values if v > bound)  # LoadGen counts a latency over its target, not at it
+    return EarlyStopping(requests=len(values), over=over, needed=early_stopping_needed(over))
+
+
+@dataclass(frozen=True)
 class PointStats:
     label: str
     requests: int
@@ -182,6 +256,19 @@ class PointStats:
     per_user_p10: float | None = None  # tokens/s per user: the slow tail (of a rate, low is slow)
     prompt_mismatched: int = 0  # of ``mismatched``: by the prompt's count
     output_mismatched: int = 0  # of ``mismatched``: by the output's count
+    input_tokens: int = 0  # of the successful requests (RequestRecord.prompt_tokens)
+    output_chunks: int = 0  # of the successful requests with output: their chunk_times_s
+    chunked_tokens: int = 0  # the output tokens of those same requests
+    early_stopping: dict[str, EarlyStopping] | None = None  # by bound (ttft, tpot, e2el): MLPerf's count
+
+    @property
+    def tokens_per_chunk(self) -> float | None:
+        """Output tokens per output chunk: 1 where the server streams a token per chunk, more where it bundles."""
+        return self.chunked_tokens / self.output_chunks if self.output_chunks else None
+
+    @property
+    def slo_p99_confident(self) -> bool:
+        return all(e.met for e in (self.early_stopping or {}).values())
 
     @property
     def failed_point(self) -> bool:
@@ -206,7 +293,16 @@ def point_stats(label: str, records: list[RequestRecord], seconds: float, slo: S
     output_off = {id(r) for r in done if r.output_tokens_usage is not None and r.output_tokens_client is not None
                   and r.output_tokens_usage != r.output_tokens_client}
     prompt_off = {id(r) for r in done if prompt_mismatch(r)}
+    ttfts = [r.ttft_s for r in timed if r.ttft_s is not None]
+    e2els = [r.e2el_s for r in timed if r.e2el_s is not None]
+    bounded = {"ttft": early_stopping(ttfts, slo.ttft_s)} if ttfts else {}
+    if per_token:
+        bounded["tpot"] = early_stopping(per_token, slo.tpot_s)
+    if slo.e2el_s is not None and e2els:
+        bounded["e2el"] = early_stopping(e2els, slo.e2el_s)
     return PointStats(
+        input_tokens=sum(r.prompt_tokens for r in done), output_chunks=sum(len(r.chunk_times_s) for r in timed),
+        chunked_tokens=sum(r.output_tokens for r in timed if r.chunk_times_s), early_stopping=bounded or None,
         label=label, requests=len(records), succeeded=len(done), failed=len(records) - len(done),
         truncated=sum(1 for r in records if is_truncated(r)),
         empty=sum(1 for r in done if r.output_tokens == 0), mismatched=len(output_off | prompt_off),
@@ -214,9 +310,9 @@ def point_stats(label: str, records: list[RequestRecord], seconds: float, slo: S
         per_user_p10=percentile(per_user, 10) if per_user else None,
         output_tokens=sum(r.output_tokens for r in done), seconds=seconds,
         good=sum(1 for r in records if meets_slo(r, slo)),
-        ttft=latency_stats([r.ttft_s for r in timed if r.ttft_s is not None]) if timed else None,
+        ttft=latency_stats(ttfts) if ttfts else None,
         tpot=latency_stats(per_token) if per_token else None, itl=latency_stats(gaps) if gaps else None,
-        e2el=latency_stats([r.e2el_s for r in timed if r.e2el_s is not None]) if timed else None,
+        e2el=latency_stats(e2els) if e2els else None,
         per_user=latency_stats(per_user) if per_user else None,
         first_error=next((r.error for r in sorted(records, key=lambda r: r.seq) if r.error is not None), None))
 
@@ -255,6 +351,11 @@ def point_metrics(stats: PointStats, window: tuple[float, float], devices: int, 
                work=float(stats.output_tokens), statistic="rate", convention=CONVENTIONS["output_tokens_per_s"],
                note=f"{load_note}; {stats.requests} requests, {stats.output_tokens} output tokens",
                warning="; ".join(warnings) or None),
+        Metric(name=metric_name("total_tokens_per_s", label),
+               value=(stats.input_tokens + stats.output_tokens) / seconds, unit="tokens/s",
+               iterations=stats.input_tokens + stats.output_tokens, measured_seconds=seconds, statistic="rate",
+               convention=CONVENTIONS["total_tokens_per_s"],
+               note=f"({stats.input_tokens} input + {stats.output_tokens} output tokens) / {seconds:.4g} s"),
         Metric(name=metric_name("output_tokens_per_s_per_device", label), value=tokens_per_s / devices,
                unit="tokens/s", iterations=stats.output_tokens, measured_seconds=seconds, statistic="rate",
                convention=CONVENTIONS["output_tokens_per_s_per_device"],
@@ -272,7 +373,12 @@ def point_metrics(stats: PointStats, window: tuple[float, float], devices: int, 
         Metric(name=metric_name("slo_p99_met", label), value=float(stats.slo_p99_met(slo)), unit="bool",
                iterations=stats.requests, measured_seconds=seconds, statistic="single",
                convention=CONVENTIONS["slo_p99_met"],
-               note=f"p99 TTFT and p99 TPOT within the SLO ({slo_text}), no failed request"),
+               note=f"p99 TTFT and p99 TPOT within the SLO ({slo_text}), no failed request; whether the requests "
+                    "were enough to trust the p99s: slo_p99_confident"),
+        Metric(name=metric_name("slo_p99_confident", label),
+               value=float(stats.slo_p99_met(slo) and stats.slo_p99_confident), unit="bool",
+               iterations=stats.requests, measured_seconds=seconds, statistic="single",
+               convention=CONVENTIONS["slo_p99_confident"], note=_early_stopping_note(stats)),
         _count("failed_requests", label, stats.failed, seconds, "requests with an error"),
         _failed_fraction(stats),
         _count("truncated_requests", label, stats.truncated, seconds,
@@ -293,7 +399,9 @@ def point_metrics(stats: PointStats, window: tuple[float, float], devices: int, 
     for what, stats_of, note in (
             ("ttft_s", stats.ttft, "time to first token: first output chunk - send"),
             ("tpot_s", stats.tpot, "time per output token after the first: (E2EL - TTFT) / (tokens - 1)"),
-            ("itl_s", stats.itl, "inter-token latency: every gap between output chunks, pooled"),
+            ("itl_s", stats.itl, "inter-token latency: every gap between output chunks, pooled"
+                                 + (f"; {stats.tokens_per_chunk:.3g} output tokens per chunk"
+                                    if stats.tokens_per_chunk is not None else "")),
             ("e2el_s", stats.e2el, "end-to-end latency: end of stream - send")):
         if stats_of is not None:
             metrics.append(_latency(metric_name(what, label), what, stats_of, seconds, note))
@@ -301,12 +409,37 @@ def point_metrics(stats: PointStats, window: tuple[float, float], devices: int, 
         metrics.append(Metric(name=metric_name("interactivity", label), value=1.0 / stats.tpot.mean,
                               unit="tokens/s", iterations=stats.tpot.count, measured_seconds=seconds,
                               note="1 / mean TPOT", statistic="single", convention=CONVENTIONS["interactivity"]))
+    bundled = bundled_chunks(stats)
+    if bundled is not None:
+        metrics = [m.model_copy(update={"warning": bundled}) if m.name == metric_name("itl_s", label) else m
+                   for m in metrics]
     if latency_cautions:
         latency_names = {metric_name(what, label) for what in ("ttft_s", "tpot_s", "itl_s", "e2el_s",
                                                                "tokens_per_s_per_user", "interactivity")}
-        metrics = [m.model_copy(update={"warning": "; ".join(latency_cautions)}) if m.name in latency_names else m
-                   for m in metrics]
+        metrics = [m.model_copy(update={"warning": "; ".join([*latency_cautions, *([m.warning] if m.warning else [])])})
+                   if m.name in latency_names else m for m in metrics]
     return metrics
+
+
+def bundled_chunks(stats: PointStats) -> str | None:
+    """Where the server sent several output tokens per chunk (speculative decoding, a stream interval), what that makes
+    of the point's ITL; None where it streamed about a token per chunk."""
+    per_chunk = stats.tokens_per_chunk
+    if per_chunk is None or per_chunk < TOKENS_PER_CHUNK_FLAG:
+        return None
+    return (f"the server sent {stats.chunked_tokens} output tokens in {stats.output_chunks} chunks "
+            f"({per_chunk:.3g} per chunk): each ITL gap is per chunk, as vLLM's bench serve counts it, and spans "
+            "several tokens; SGLang's bench_serving spreads a chunk's gap over its tokens, and GenAI-Perf's inter "
+            "token latency is per token (tpot_s here): compare those with tpot_s")
+
+
+def _early_stopping_note(stats: PointStats) -> str:
+    if not stats.early_stopping:
+        return "no successful request: nothing to judge"
+    return "MLPerf LoadGen's early stopping, requests a p99 verdict needs at 99 % confidence: " + "; ".join(
+        f"{what.upper()}: {e.over} of {e.requests} over its bound, "
+        + (f"needs {e.needed}" if e.needed is not None else "too many over to work out")
+        for what, e in stats.early_stopping.items())
 
 
 def _failed_fraction(stats: PointStats) -> Metric:

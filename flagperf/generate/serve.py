@@ -72,6 +72,7 @@ from flagperf.generate.loadgen import (
 )
 from flagperf.generate.models import DTYPE, PRESETS, WORD_PREFIX, model_config, random_checkpoint
 from flagperf.generate.points import (
+    bundled_chunks,
     failed_point_message,
     failed_point_metrics,
     point_label,
@@ -1445,6 +1446,8 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                     late_sends(rates), made_late(point), *latency_cautions) if c is not None]
                 for caution in cautions:
                     log.warning("point %s: %s", load.label, caution)
+                if (bundled := bundled_chunks(stats)) is not None:
+                    log.info("point %s: %s", load.label, bundled)
                 if point_reconnects:
                     log.warning("point %s: %d timed requests found their kept-alive connection closed by the server "
                                 "before any response and were sent once more on a fresh connection, each timed from "
@@ -1473,7 +1476,7 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                     "window": [run.started_at, run.ended_at], "seconds": run.seconds, "requests": stats.requests,
                     "status": "failed" if stats.failed_point else "measured", "first_error": stats.first_error,
                     "failed": stats.failed, "truncated": stats.truncated, "empty": stats.empty,
-                    "input_tokens": sum(_prompt_tokens(r) for r in run.records if r.ok),
+                    "input_tokens": stats.input_tokens,
                     "output_tokens": stats.output_tokens, "good": stats.good,
                     "prompt_mismatches": stats.prompt_mismatched, "output_mismatches": stats.output_mismatched,
                     "warmup_first_prompt": prompts.index_at(warm_first) if warm_records else None,
@@ -1481,6 +1484,9 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                     "prompts_made_during": point.made_during,
                     "prompt_waits": sum(1 for r in run.records if r.prompt_wait_s), "reconnects": point_reconnects,
                     "unended_responses": unended,
+                    "output_chunks": stats.output_chunks,
+                    "tokens_per_chunk": round(stats.tokens_per_chunk, 4) if stats.tokens_per_chunk else None,
+                    "early_stopping": {what: e.as_json() for what, e in (stats.early_stopping or {}).items()},
                     "send_rate": rates})
                 ttft = f"{stats.ttft.p50 * 1e3:.1f} ms" if stats.ttft else "-"
                 tpot = f"{stats.tpot.p50 * 1e3:.2f} ms" if stats.tpot else "-"
@@ -1502,14 +1508,6 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
             else ""
         failure = Failure(kind="user", message=failed_points[0] + more)
     return ServingOutcome(metrics, measured, summary["prompts"], failure=failure, points=summary["points"])
-
-
-def _prompt_tokens(record: RequestRecord) -> int:
-    """A request's prompt tokens: the server's usage, else the client's count as sent, else of the text."""
-    for count in (record.prompt_tokens_usage, record.prompt_tokens_sent, record.prompt_tokens_client):
-        if count is not None:
-            return count
-    return 0
 
 
 CHECK_POINT = "check"  # requests.jsonl's point and phase of an endpoint's first request

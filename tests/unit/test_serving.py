@@ -50,7 +50,7 @@ from flagperf.generate.loadgen import (
     send_request,
 )
 from flagperf.generate.models import random_checkpoint
-from flagperf.generate.points import meets_slo, point_metrics, point_stats
+from flagperf.generate.points import early_stopping_needed, meets_slo, point_metrics, point_stats
 from flagperf.generate.serve import SERVING_FILE, Tokens, synthetic_serving_prompts
 from flagperf.generate.server import (
     EXIT_SERVER_FAILED,
@@ -152,6 +152,46 @@ def test_an_e2el_bound_and_a_usage_mismatch_are_counted() -> None:
         record.prompt_tokens_sent, record.prompt_tokens_usage = sent, server
     stats = point_stats("c1", off, 1.0, WithE2el)
     assert (stats.mismatched, stats.prompt_mismatched, stats.output_mismatched) == (2, 2, 1)
+
+
+def test_a_p99_verdict_says_how_many_requests_mlperf_early_stopping_needs() -> None:
+    """MLPerf LoadGen's early stopping (Server): with none over a bound a p99 verdict at 99 % confidence needs 459
+    requests, with one over 662 (LoadGen's own reference values), more with each over. A point whose p99s are within
+    the SLO on fewer is not slo_p99_confident (its note says how many it needs); one with enough is."""
+    assert [early_stopping_needed(over) for over in (0, 1, 2)] == [459, 662, 838]
+    assert all(early_stopping_needed(over) < early_stopping_needed(over + 1) for over in range(40))
+    few = point_stats("c1", [trace(0.2, 0.05, 11) for _ in range(100)], 10.0, Bounds)
+    m = {x.name: x for x in point_metrics(few, (0.0, 10.0), 1, Bounds, "closed loop")}
+    assert m["slo_p99_met@c1"].value == 1.0 and m["slo_p99_confident@c1"].value == 0.0
+    assert "TTFT: 0 of 100 over its bound, needs 459" in m["slo_p99_confident@c1"].note
+    assert few.early_stopping is not None and few.early_stopping["tpot"].as_json() == {
+        "requests": 100, "over": 0, "needed": 459, "met": False}
+    # 662 requests, one over the TTFT bound (its p99 still within it): enough for both verdicts.
+    enough = [trace(0.2, 0.05, 11) for _ in range(661)] + [trace(0.9, 0.05, 11)]
+    stats = point_stats("c1", enough, 66.2, Bounds)
+    m = {x.name: x for x in point_metrics(stats, (0.0, 66.2), 1, Bounds, "closed loop")}
+    assert (m["slo_p99_met@c1"].value, m["slo_p99_confident@c1"].value) == (1.0, 1.0)
+    assert "TTFT: 1 of 662 over its bound, needs 662" in m["slo_p99_confident@c1"].note
+    # One request short of that with the same one over: the p99 holds, the confidence does not.
+    short = point_stats("c1", enough[1:], 66.1, Bounds)
+    assert short.slo_p99_met(Bounds) and not short.slo_p99_confident
+
+
+def test_total_token_throughput_counts_the_prompts_as_the_server_did() -> None:
+    """vLLM's total token throughput: input and output tokens / the duration; a prompt's tokens are the server's
+    usage where it sent one, else the client's count as sent, else of the text."""
+    records = [trace(0.2, 0.05, 11), trace(0.2, 0.05, 11), trace(0.2, 0.05, 11), trace(0.1, 0.0, 0, error="x")]
+    for record, usage, sent, text in zip(records, (30, None, None, 99), (28, 27, None, 99), (20, 20, 21, 99),
+                                         strict=True):
+        record.prompt_tokens_usage, record.prompt_tokens_sent, record.prompt_tokens_client = usage, sent, text
+    stats = point_stats("c2", records, 2.0, Bounds)
+    assert stats.input_tokens == 30 + 27 + 21  # the failed request's prompt is not counted
+    m = {x.name: x for x in point_metrics(stats, (0.0, 2.0), 1, Bounds, "closed loop")}
+    assert m["total_tokens_per_s@c2"].value == pytest.approx((78 + 33) / 2.0)
+    assert "usage.prompt_tokens" in m["total_tokens_per_s@c2"].convention
+    # A token per chunk: the ITL says so in its note, and warns of nothing.
+    assert stats.tokens_per_chunk == 1.0 and m["itl_s@c2"].warning is None and "1 output tokens per chunk" in m[
+        "itl_s@c2"].note
 
 
 def _prompt_config(**values: object) -> GenerateConfig:
@@ -921,6 +961,17 @@ def test_a_case_measures_an_endpoint_the_inventory_names(served: ServerProcess, 
     serving = json.loads((out / SERVING_FILE).read_text())
     assert serving["endpoint"]["base_url"] == served.base_url and "server" not in serving
     assert serving["points"][0]["input_tokens"] == 2 * 16 and serving["points"][0]["output_tokens"] == 8
+    # vLLM's total token throughput: both, over the same duration as the output's; a token per streamed chunk (the
+    # word tokenizer), so ITL is per token; 2 requests are far from the 459 a p99 verdict needs (MLPerf).
+    total = metrics["total_tokens_per_s@c1"]
+    assert total.iterations == 2 * 16 + 8
+    assert total.measured_seconds == metrics["output_tokens_per_s@c1"].measured_seconds
+    assert total.value == pytest.approx(40 / total.measured_seconds)
+    assert serving["points"][0]["tokens_per_chunk"] == 1.0 and serving["points"][0]["output_chunks"] == 8
+    assert metrics["itl_s@c1"].warning is None
+    early = serving["points"][0]["early_stopping"]
+    assert early["ttft"]["requests"] == 2 and early["ttft"]["needed"] >= 459 and not early["ttft"]["met"]
+    assert metrics["slo_p99_confident@c1"].value == 0.0
     assert serving["prompt_set"]["counted_with"].startswith("words")  # no model folder at an endpoint
     assert serving["prompt_set"]["count"] == 11 and serving["prompt_set"]["repeated_requests"] == 0
     assert serving["prompt_set"]["each_sent_once"] and [p["repeated_prompts"] for p in serving["points"]] == [0, 0]
@@ -1136,6 +1187,10 @@ REASONING_EVENTS = {
                    '{"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3}}'],
     "/reasoning-only": ['{"choices": [{"index": 0, "delta": {"reasoning": "r1"}}]}',
                         '{"choices": [{"index": 0, "delta": {"reasoning": " r2"}, "finish_reason": "length"}]}'],
+    # Several tokens per chunk (speculative decoding, a stream interval): 6 tokens in 2 chunks, by the server's usage.
+    "/bundled": ['{"choices": [{"index": 0, "delta": {"content": "t1 t2 t3"}}]}',
+                 '{"choices": [{"index": 0, "delta": {"content": " t4 t5 t6"}, "finish_reason": "stop"}]}',
+                 '{"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 6}}'],
 }
 
 
@@ -1277,6 +1332,17 @@ def test_a_hostile_endpoints_answers_are_request_errors(tmp_path: Path) -> None:
     assert len(reasoned.chunk_times_s) == 3 and reasoned.reasoning_chunks == 2  # the role-only chunk is none
     assert (reasoned.reasoning_text, reasoned.output_text) == ("r1 r2", "t1")
     assert (reasoned.output_tokens_client, reasoned.reasoning_tokens_client, reasoned.output_tokens) == (3, 2, 3)
+    # Tokens the server bundled in one chunk: TPOT is per token (the usage's 6), an ITL gap per chunk, which the
+    # point's ITL says in its warning and serving.json in tokens_per_chunk.
+    bundled = records["/bundled"]
+    assert bundled.ok and len(bundled.chunk_times_s) == 2 and bundled.output_tokens == 6
+    stats = point_stats("c1", [bundled], 1.0, Bounds)
+    assert (stats.output_chunks, stats.chunked_tokens, stats.tokens_per_chunk) == (2, 6, 3.0)
+    itl = {m.name: m for m in point_metrics(stats, (0.0, 1.0), 1, Bounds, "closed loop")}["itl_s@c1"]
+    assert (itl.warning or "").startswith("the server sent 6 output tokens in 2 chunks (3 per chunk): each ITL gap is "
+                                          "per chunk")
+    assert stats.tpot is not None and stats.tpot.mean == pytest.approx(
+        (bundled.e2el_s - bundled.ttft_s) / 5)  # type: ignore[operator]
     only = records["/reasoning-only"]
     assert only.ok and only.ttft_s is not None and only.output_tokens == 2 and only.output_text == ""
     # Events that never end: more text pieces than max_tokens (3) allows.
