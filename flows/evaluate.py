@@ -61,6 +61,7 @@ from flagperf.hosts.slurm import cancel_jobs
 from flagperf.hosts.threads import HOST_THREADS, HostThreads, RoundsStopped, stop_requested
 from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
 from flagperf.results.bounded import read_json_file
+from flagperf.results.limits import MAX_MONITOR_INTERVAL_S, MIN_MONITOR_INTERVAL_S
 from flagperf.results.prompt_positions import reservations
 from flagperf.results.schema import (
     KEPT_ON_HOST,
@@ -92,7 +93,6 @@ from tasks.healthcheck import healthcheck
 from tasks.image import build_image, probe_image
 
 route_core_logs()
-MIN_MONITOR_INTERVAL_S, MAX_MONITOR_INTERVAL_S = 0.1, 60.0  # 10 Hz at most: the monitor's own limit
 MAX_PARALLEL_HOSTS = 64  # threads that drive hosts at once (each mostly waits on its host)
 T = TypeVar("T")
 
