@@ -582,7 +582,11 @@ def _claimed(run_dir: Path, results: Path, made: Path | None) -> bool:
 def _release(run_dir: Path, retry: Path | None) -> None:
     """The run folder this run claimed, given back while it is empty: a run that did not begin leaves nothing."""
     if retry is None:
+        from flagperf.results.controller import CONTROLLER_FILE
+
         with suppress(OSError):
+            # the flow's record of its controller, where it was stopped between that and its plan: this run's own
+            (run_dir / CONTROLLER_FILE).unlink(missing_ok=True)
             run_dir.rmdir()
 
 
