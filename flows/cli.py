@@ -40,7 +40,7 @@ from flagperf.paths import (
     remove_made,
     run_id_problem,
 )
-from flagperf.results.limits import MAX_ROUNDS
+from flagperf.results.limits import MAX_BASELINE_RUNS, MAX_MONITOR_INTERVAL_S, MAX_ROUNDS, MIN_MONITOR_INTERVAL_S
 from flagperf.stopping import STOP_NOW_AT, put_back, stop_now, take
 from flagperf.stopping import reset as reset_signals_taken
 
@@ -315,7 +315,8 @@ def run(
         "--set", help="[CASE.]KEY=VALUE: override a case configuration value for this run (repeatable)")] = None,
     results: Annotated[Path | None, typer.Option(
         help="results folder (default: FLAGPERF_LOG_PATH of a --host-config, else results)")] = None,
-    monitor_interval: Annotated[float, typer.Option(help="seconds between monitor samples")] = 1.0,
+    monitor_interval: Annotated[float, typer.Option(
+        help=f"seconds between monitor samples ({MIN_MONITOR_INTERVAL_S:g}-{MAX_MONITOR_INTERVAL_S:g})")] = 1.0,
     inventory: Annotated[Path | None, typer.Option(
         help="hosts to run on: a native inventory (YAML); default: this machine")] = None,
     host_config: Annotated[Path | None, typer.Option(
@@ -350,8 +351,9 @@ def run(
     case_list = [c.strip() for c in cases.split(",") if c.strip()] if cases is not None else None
     if cases is not None and not case_list:
         raise _fail("--cases: no case names given")
-    if not 0.1 <= monitor_interval <= 60:
-        raise _fail(f"--monitor-interval: must be between 0.1 and 60 seconds, got {monitor_interval}")
+    if not MIN_MONITOR_INTERVAL_S <= monitor_interval <= MAX_MONITOR_INTERVAL_S:
+        raise _fail(f"--monitor-interval: must be between {MIN_MONITOR_INTERVAL_S:g} and {MAX_MONITOR_INTERVAL_S:g} "
+                    f"seconds, got {monitor_interval}")
     if sum(option is not None for option in (inventory, host_config, test_conf)) > 1:
         raise _fail("give one of --inventory, --host-config and --test-conf")
     if cluster_conf and not test_conf:
@@ -592,7 +594,11 @@ def _claimed(run_dir: Path, results: Path, made: Path | None) -> bool:
 def _release(run_dir: Path, retry: Path | None) -> None:
     """The run folder this run claimed, given back while it is empty: a run that did not begin leaves nothing."""
     if retry is None:
+        from flagperf.results.controller import CONTROLLER_FILE
+
         with suppress(OSError):
+            # the flow's record of its controller, where it was stopped between that and its plan: this run's own
+            (run_dir / CONTROLLER_FILE).unlink(missing_ok=True)
             run_dir.rmdir()
 
 
@@ -841,7 +847,7 @@ def nightly(
         help="history database, sqlite:///PATH or postgresql+psycopg://USER@HOST/DB without a password (default: "
              "$FLAGPERF_HISTORY_URL, else history.sqlite in the results folder)")] = None,
     baseline_runs: Annotated[int, typer.Option(help="earlier good nights whose median is a figure's baseline "
-                                                    "(1-1000)")] = 5,
+                                                    f"(1-{MAX_BASELINE_RUNS})")] = 5,
     sigma: Annotated[float, typer.Option(help="a figure regresses beyond this many times its baseline's "
                                               "spread (on the log scale, at least 1 %)")] = 3.0,
     vendor: Annotated[str | None, typer.Option(

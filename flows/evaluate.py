@@ -55,12 +55,14 @@ from flagperf.hosts.docker import owner_labels
 from flagperf.hosts.flagperf_training import open_inventory
 from flagperf.hosts.fleet import close_hosts, master_address, open_host, stop_runs
 from flagperf.hosts.health import check_results_disk, health_file, round_probe, with_image_probe
-from flagperf.hosts.inventory import HostSpec
+from flagperf.hosts.inventory import HostSpec, Inventory
 from flagperf.hosts.local import Host
 from flagperf.hosts.slurm import cancel_jobs
 from flagperf.hosts.threads import HOST_THREADS, HostThreads, RoundsStopped, stop_requested
 from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
 from flagperf.results.bounded import read_json_file
+from flagperf.results.controller import controller_record
+from flagperf.results.limits import MAX_MONITOR_INTERVAL_S, MIN_MONITOR_INTERVAL_S
 from flagperf.results.prompt_positions import reservations
 from flagperf.results.schema import (
     KEPT_ON_HOST,
@@ -92,7 +94,6 @@ from tasks.healthcheck import healthcheck
 from tasks.image import build_image, probe_image
 
 route_core_logs()
-MIN_MONITOR_INTERVAL_S, MAX_MONITOR_INTERVAL_S = 0.1, 60.0  # 10 Hz at most: the monitor's own limit
 MAX_PARALLEL_HOSTS = 64  # threads that drive hosts at once (each mostly waits on its host)
 T = TypeVar("T")
 
@@ -250,6 +251,15 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
                     inventory_overrides=inv.case_overrides, inventory_source=inv.source,
                     inventory_endpoints=inv.endpoints, resume=resume)
     run_dir = plan.run_dir.resolve()
+    # Held until the summary is written: a reader tells a run still going from one whose controller was killed
+    with controller_record(run_dir, flow_run_id):
+        return run_planned(plan, inv, run_dir, flow_run_id, monitor_interval_s, command)
+
+
+def run_planned(plan: RunPlan, inv: Inventory, run_dir: Path, flow_run_id: str | None, monitor_interval_s: float,
+                command: str) -> dict[str, Any] | State:
+    """The planned run in ``run_dir``: its checks, its rounds, its report."""
+    logger = get_run_logger()
     if (run_dir / PLAN_FILE).exists():
         logger.info("retry of flow run %s: continuing %s; rounds that completed are kept", flow_run_id, run_dir)
     write_json_atomic(run_dir / PLAN_FILE, plan.model_dump(mode="json"))

@@ -19,6 +19,7 @@ from pydantic import Field
 
 from flagperf.config.plan import new_run_id
 from flagperf.results.bounded import read_bounded
+from flagperf.results.limits import MAX_BASELINE_RUNS
 from flagperf.results.schema import MAX_ROUNDS
 
 
@@ -47,7 +48,7 @@ class Bound:
 
 
 ROUNDS = Bound(1, MAX_ROUNDS)  # rounds per case in a night: the planner's limit
-BASELINE_RUNS = Bound(1, 1000)  # earlier good nights whose median is a figure's baseline
+BASELINE_RUNS = Bound(1, MAX_BASELINE_RUNS)  # earlier good nights whose median is a figure's baseline
 SIGMA = Bound(0, 100, above_low=True)  # the baseline's spreads a figure may move before it regresses
 
 

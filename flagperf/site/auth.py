@@ -5,8 +5,9 @@ Where the credentials come from, first found wins:
   1. the file given by --auth-file or FLAGPERF_AUTH_FILE,
   2. PREFECT_SERVER_API_AUTH_STRING (the server) or PREFECT_API_AUTH_STRING (the server and clients),
   3. the default file, ~/.config/flagperf/server-auth ($XDG_CONFIG_HOME respected), if it exists.
-A file holds one line ``user:password``, is readable by its owner only (mode 600) and lies outside the project
-(a file there could be committed). The value is never printed or logged: messages name the file, not its text.
+A file holds one line ``user:password`` (a UTF-8 byte order mark before it is taken off), of at most
+MAX_AUTH_FILE_BYTES, is readable by its owner only (mode 600) and lies outside the project (a file there could be
+committed). The value is never printed or logged: messages name the file, not its text.
 """
 
 from __future__ import annotations
@@ -27,11 +28,16 @@ from pathlib import Path
 
 from flagperf.errors import ConfigError, printable
 from flagperf.paths import PROJECT_ROOT
+from flagperf.results.bounded import read_bounded
 
 AUTH_FILE_ENV = "FLAGPERF_AUTH_FILE"
 SERVER_AUTH_ENV = "PREFECT_SERVER_API_AUTH_STRING"
 CLIENT_AUTH_ENV = "PREFECT_API_AUTH_STRING"
 MIN_PASSWORD = 12
+# A file of one line user:password: far above any sign-in, far below a file read by mistake (a log, an image)
+MAX_AUTH_FILE_BYTES = 4096
+# The byte order mark an editor may put at a UTF-8 file's start, as printf's escapes: no part of the user name
+BOM_OCTAL = r"'\357\273\277'"
 TR_LINE_ENDS = r"'\r\n'"  # tr's escapes, for a printed command that stays one line
 HOW_TO_SET = (f"put user:password in {{default}} (chmod 600), or export {SERVER_AUTH_ENV}=user:password "
               f"(see docs/team-server.md)")
@@ -83,7 +89,9 @@ class Credentials:
             value = (f': "${{{self.source}:?set {self.source} to user:password as for the server}}" && '
                      f'{name}="$(printf %s "${self.source}" | tr -d {TR_LINE_ENDS})"')
         else:
-            value = f'{name}="$(tr -d {TR_LINE_ENDS} < {shlex.quote(os.path.abspath(self.source))})"'
+            # a byte order mark at the start taken off as read_auth_file takes it off (printf's octal: POSIX)
+            value = (f'{name}="$(tr -d {TR_LINE_ENDS} < {shlex.quote(os.path.abspath(self.source))})" && '
+                     f'{name}="${{{name}#"$(printf {BOM_OCTAL})"}}"')
         return f"{value} && export {name}"
 
 
@@ -163,13 +171,21 @@ def read_auth_file(path: Path) -> Credentials:
         raise ConfigError(where, None, f"lies inside the project ({printable(str(PROJECT_ROOT))}), where it could be "
                                        f"committed or served; keep it elsewhere, e.g. "
                                        f"{printable(str(default_auth_file()))}")
+    if info.st_size > MAX_AUTH_FILE_BYTES:
+        raise ConfigError(where, None, f"is {info.st_size} bytes; a sign-in file holds one line user:password, at "
+                                       f"most {MAX_AUTH_FILE_BYTES} bytes; not read")
     try:
-        text = resolved.read_text(encoding="utf-8")
+        data = read_bounded(resolved, MAX_AUTH_FILE_BYTES)  # checked again on the open file; a FIFO never waited on
+    except OSError as exc:
+        raise ConfigError(where, None, f"cannot be read: {exc.strerror or type(exc).__name__}") from None
+    except ValueError:  # it changed since the checks above
+        raise ConfigError(where, None, f"is no longer a regular file of at most {MAX_AUTH_FILE_BYTES} bytes; "
+                                       "not read") from None
+    try:
+        text = data.decode("utf-8-sig")  # a byte order mark before the user name taken off
     except UnicodeDecodeError:  # the codec's text would quote a byte of the secret and its place: never shown
         raise ConfigError(where, None, "is not UTF-8 text; it must hold one line user:password in UTF-8 (saved "
                                        "as UTF-8, not a legacy code page or UTF-16)") from None
-    except OSError as exc:
-        raise ConfigError(where, None, f"cannot be read: {exc.strerror or exc}") from None
     return Credentials(check_auth_string(text.rstrip("\r\n"), where), where)
 
 

@@ -20,6 +20,7 @@ from uuid import UUID
 from flagperf.errors import ConfigError
 from flagperf.paths import NAME_PATTERN
 from flagperf.results.bounded import read_json_file
+from flagperf.results.controller import controller_gone
 from flagperf.results.operators import is_operation
 from flagperf.results.summary import INTERRUPTED_FILE, PLAN_JSON, SUMMARY_JSON, fmt
 
@@ -112,12 +113,15 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def outcome_of(summary: dict[str, Any], interrupted: bool) -> tuple[str, str]:
-    """The run's outcome in a few words, and its tone."""
+def outcome_of(summary: dict[str, Any], interrupted: bool, killed: bool = False) -> tuple[str, str]:
+    """The run's outcome in a few words, and its tone. ``killed``: its controller is gone without a word (SIGKILL, a
+    power cut: flagperf.results.controller), so a run with no summary will get none."""
     counts = summary.get("counts") or {}
     rounds, success = int(counts.get("rounds", 0)), int(counts.get("success", 0))
     failed, unsupported = int(counts.get("failed", 0)), int(counts.get("unsupported", 0))
     if not summary:
+        if killed and not interrupted:
+            return "controller killed, no report", "bad"
         return ("interrupted, no report" if interrupted else "no report yet"), "none"
     if interrupted:
         return f"interrupted ({success} of {rounds} rounds measured)", "bad"
@@ -175,7 +179,9 @@ def run_info(folder: Path) -> RunInfo:
     stamps = [info.st_mtime for info in (_no_link_stat(folder / PLAN_JSON), _no_link_stat(folder / SUMMARY_JSON))
               if info is not None]
     interrupted = _no_link_stat(folder / INTERRUPTED_FILE) is not None
-    outcome, tone = outcome_of(summary, interrupted)
+    # asked only of a run with no summary: the lock is one open and one flock
+    killed = not summary and not interrupted and controller_gone(folder) is not None
+    outcome, tone = outcome_of(summary, interrupted, killed)
     context = summary.get("context") or {}
     vendor = context.get("vendor") or plan.get("vendor") or ""
     if isinstance(vendor, dict):  # the plan keeps the resolved vendor as an object

@@ -28,7 +28,7 @@ import pytest
 
 from flagperf.hosts.local import CommandResult, LocalHost
 from flagperf.results.schema import RESULT_FILE, read_result
-from flagperf.results.summary import REPORT_MD, SUMMARY_JSON
+from flagperf.results.summary import REPORT_MD, SUMMARY_JSON, hosts_left_out, summarize
 from tests.unit.childio import Lines, output_of
 
 pytestmark = pytest.mark.integration
@@ -87,6 +87,11 @@ def interrupted_in_one_line(out: str, run_dir: Path) -> None:
     assert errors == [f"error: interrupted; the report of what was done is in {run_dir}"], out
 
 
+def left_out(run_dir: Path) -> str:
+    """The line of host rounds `flagperf compare` and `diagnose` say the run's figures leave out, and why."""
+    return hosts_left_out(run_dir, summarize(run_dir)) or ""
+
+
 def records_are_whole(run_dir: Path) -> None:
     """Every JSON and CSV record of the run folder parses whole; no temporary or partial name is left."""
     assert [p for p in run_dir.rglob("*") if p.name.startswith(".")] == []
@@ -113,6 +118,8 @@ def test_a_controller_stopped_mid_round_leaves_whole_records_and_its_retry_runs_
         running = descendants(proc.pid)
         assert case_pid in {p.pid for p in running}
         assert any("--parent-pid" in command_line(p) for p in running)  # a monitor
+        # Running: round 2 may yet get its result (the controller holds its record's lock)
+        assert "(yet): the run is not finished" in left_out(results / "held")
         stop(proc, sig)
         out, _ = proc.communicate(timeout=300)
     finally:
@@ -126,6 +133,9 @@ def test_a_controller_stopped_mid_round_leaves_whole_records_and_its_retry_runs_
     assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], "processes outlived the controller"
 
     records_are_whole(run_dir)
+    if sig == signal.SIGKILL:  # neither summary.json nor an interruption record: its controller is gone, not running
+        assert (f"waits round2: not run: the run ended without its summary.json, its controller (pid {proc.pid} on "
+                in left_out(run_dir)), left_out(run_dir)
     first = run_dir / "waits" / "round1" / "localhost_noderank0" / "result.json"
     assert read_result(first).status == "success"
     kept = first.read_bytes()

@@ -107,11 +107,12 @@ def test_an_atomic_write_flushes_its_folder_after_the_rename(tmp_path, monkeypat
     assert [(folder.stat().st_ino, True) for folder in folders] == synced
 
 
-def test_the_planners_limits_are_defined_once() -> None:
+def test_the_input_limits_are_defined_once() -> None:
     """MAX_ROUNDS and MAX_NNODES (flagperf.results.limits) bound every place that takes rounds or nnodes: the
     nightly's rounds (its form and `flagperf nightly --help`), a FlagPerf test_conf.py's nnodes, the collective
-    case's nnodes. In a fresh Python whose limits are changed before anything reads them, each follows (a copy of
-    the number would not)."""
+    case's nnodes; MAX_BASELINE_RUNS the nightly's --baseline-runs (its check and its help), the monitor interval
+    limits `flagperf run --monitor-interval` (its help and its error). In a fresh Python whose limits are changed
+    before anything reads them, each follows (a copy of the number would not)."""
     import subprocess
     import sys
     import textwrap
@@ -119,11 +120,12 @@ def test_the_planners_limits_are_defined_once() -> None:
     script = textwrap.dedent("""
         import json
         import flagperf.results.limits as limits
-        limits.MAX_ROUNDS, limits.MAX_NNODES = 7, 3
+        limits.MAX_ROUNDS, limits.MAX_NNODES, limits.MAX_BASELINE_RUNS = 7, 3, 9
+        limits.MIN_MONITOR_INTERVAL_S, limits.MAX_MONITOR_INTERVAL_S = 0.5, 30.0
         from pydantic import ValidationError
         from typer.testing import CliRunner
         from flagperf.basespec.collective import Config
-        from flagperf.config.night import ROUNDS
+        from flagperf.config.night import BASELINE_RUNS, ROUNDS
         from flagperf.hosts import flagperf_training
         from flows.cli import app
         try:
@@ -131,10 +133,17 @@ def test_the_planners_limits_are_defined_once() -> None:
             collective = "accepted"
         except ValidationError:
             collective = "refused"
-        helped = " ".join(CliRunner().invoke(app, ["nightly", "--help"]).output.replace("│", " ").split())
-        print(json.dumps([ROUNDS.high, flagperf_training.MAX_NNODES, collective, "rounds per case (1-7)" in helped]))
+        def said(*args):
+            return " ".join(CliRunner().invoke(app, list(args)).output.replace("│", " ").split())
+        helped, run_help = said("nightly", "--help"), said("run", "--help")
+        refused = said("run", "--monitor-interval", "40")
+        print(json.dumps([ROUNDS.high, flagperf_training.MAX_NNODES, collective, "rounds per case (1-7)" in helped,
+                          BASELINE_RUNS.problem(9), BASELINE_RUNS.problem(10) is not None,
+                          "baseline (1-9)" in helped, "samples (0.5-30)" in run_help,
+                          "must be between 0.5 and 30 seconds, got 40" in refused]))
     """)
     done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT_ROOT, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.splitlines()[-1]) == [7, 3, "refused", True], done.stdout
+    said = json.loads(done.stdout.splitlines()[-1])
+    assert said == [7, 3, "refused", True, None, True, True, True, True], done.stdout

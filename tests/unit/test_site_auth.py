@@ -3,6 +3,7 @@ a lockout that doubles up to its cap, per client, cleared by a right sign-in, in
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,41 @@ def test_a_credentials_file_that_is_not_utf8_is_one_line_that_shows_none_of_it(t
         find_credentials(path)
     assert str(info.value) == (f"{path}: is not UTF-8 text; it must hold one line user:password in UTF-8 (saved as "
                                "UTF-8, not a legacy code page or UTF-16)")
+
+
+def test_a_credentials_file_with_a_byte_order_mark_signs_in_as_its_user(tmp_path: Path) -> None:
+    """An editor that saves UTF-8 with a byte order mark put it before the user name: the file was refused as not
+    printable ASCII, and the command printed for a worker would have signed in with it. Both take it off."""
+    import subprocess
+
+    from flagperf.site.auth import CLIENT_AUTH_ENV, read_auth_file
+
+    secret = "lab:long-enough-password-1234"
+    path = tmp_path / "server-auth"
+    path.write_bytes(b"\xef\xbb\xbf" + secret.encode() + b"\r\n")
+    path.chmod(0o600)
+    found = read_auth_file(path)
+    assert (found.auth_string, found.user) == (secret, "lab")
+    shell = f'{found.exported_in_shell(CLIENT_AUTH_ENV)} && printf %s "${CLIENT_AUTH_ENV}"'
+    assert "long-enough" not in shell
+    for sh in ("sh", "bash"):
+        ran = subprocess.run([sh, "-c", shell], capture_output=True, timeout=60, env={"PATH": os.environ["PATH"]})
+        assert (ran.returncode, ran.stdout) == (0, secret.encode()), (sh, ran.stderr)
+
+
+def test_a_credentials_file_too_large_is_one_line_that_shows_none_of_it(tmp_path: Path) -> None:
+    """A file named by mistake (a log, a key) was read whole, however large; now one line naming the file and its
+    size, never read, so nothing of it can reach the message."""
+    from flagperf.errors import ConfigError
+    from flagperf.site.auth import MAX_AUTH_FILE_BYTES, find_credentials
+
+    path = tmp_path / "server-auth"
+    body = b"lab:" + b"secretpw" * (MAX_AUTH_FILE_BYTES // 8)
+    path.write_bytes(body)
+    path.chmod(0o600)
+    with pytest.raises(ConfigError) as info:
+        find_credentials(path)
+    assert str(info.value) == (f"{path}: is {len(body)} bytes; a sign-in file holds one line user:password, at most "
+                               f"{MAX_AUTH_FILE_BYTES} bytes; not read")
+    path.write_bytes(body[:MAX_AUTH_FILE_BYTES])  # at the limit: read, and judged as any other
+    assert find_credentials(path).auth_string == body[:MAX_AUTH_FILE_BYTES].decode()
