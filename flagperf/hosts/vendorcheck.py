@@ -202,8 +202,12 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
     # __pycache__ is Python's own (a vendor's package gets one at every import): naming it in every check says
     # nothing a vendor can act on, so only the folders a vendor made are named
     made = [name for name in skipped if Path(name).name != "__pycache__"]
-    if made:
-        found.notes.append(_skipped_note(vendor.folder, made))
+    folders = [name for name in made if os.path.isdir(vendor.folder / name)]
+    if folders:
+        found.notes.append(_skipped_note(vendor.folder, folders))
+    links = [name for name in made if name not in folders]  # dot-files that are links out of the folder
+    if links:
+        found.notes.append(_skipped_links_note(vendor.folder, links))
     return found
 
 
@@ -219,6 +223,26 @@ def _skipped_note(folder: Path, skipped: list[str]) -> str:
                                                   if len(skipped) > SKIPPED_NAMED else "")
     return (f"{display_path(folder)}: not scanned (skipped as in every round: {named}): links in "
             f"{'it' if len(skipped) == 1 else 'them'} are not checked")
+
+
+def _skipped_links_note(folder: Path, links: list[str]) -> str:
+    """The note on the dot-files that are links out of the vendor folder: the link scan passes over a dot-file, as a
+    round's scan and the source digest do, so no round refuses such a link, but in a round's container it may lead
+    nowhere (the folder is at another path there): the vendor is told which, with where each leads."""
+    named = ", ".join(f"{name} -> {_link_target(folder / name)}" for name in links[:SKIPPED_NAMED]) + (
+        f" and {len(links) - SKIPPED_NAMED} more" if len(links) > SKIPPED_NAMED else "")
+    one = len(links) == 1
+    return (f"{display_path(folder)}: {named} {'leads' if one else 'lead'} out of the vendor folder, "
+            f"{'a dot-file' if one else 'dot-files'} every round's link scan passes over (no round refuses "
+            f"{'it' if one else 'them'}): in a round's container, where the folder is at another path, "
+            f"{'it' if one else 'each'} may lead nowhere")
+
+
+def _link_target(link: Path) -> str:
+    try:
+        return os.readlink(link)
+    except OSError:  # gone since the scan
+        return "?"
 
 
 def _named_as_outside(link: Path, folder: Path, problems: list[str]) -> bool:

@@ -665,3 +665,20 @@ def test_validate_of_a_case_readme_reads_that_readme_alone_and_none_through_a_li
     assert errors == [] and notes == [
         f"{display_path(adapted / 'README_EN.md')}: a link, not read (the vendor folder's link scans say where it "
         "leads); the scale files it names are not checked"], (errors, notes)
+
+
+def test_a_dot_file_link_out_of_the_vendor_folder_is_named(tmp_path: Path) -> None:
+    """The link scan passes over dot-files, as a round's does: a dot-folder was named in a note, but a dot-file
+    that is a link out of the vendor folder went unsaid, though in a round's container it may lead nowhere. It is
+    named in a note now, with where it leads; one that stays in the folder is no news."""
+    folder = tmp_path / "vendors" / "testvendor"
+    shutil.copytree(FIXTURE / "vendors" / "testvendor", folder)
+    (tmp_path / "token.txt").write_text("x\n")
+    (folder / "pytorch" / ".token").symlink_to(os.path.join("..", "..", "..", "token.txt"))
+    (folder / ".spec").symlink_to("spec.py")  # inside the folder
+    found = check_vendor_folder(folder, monitor_seconds=1)
+    assert [line for line in found.notes if ".token" in line or ".spec" in line] == [
+        f"{display_path(folder)}: pytorch/.token -> ../../../token.txt leads out of the vendor folder, a dot-file "
+        "every round's link scan passes over (no round refuses it): in a round's container, where the folder is at "
+        "another path, it may lead nowhere"], found.notes
+    assert not [line for line in found.problems if ".token" in line], found.problems
