@@ -83,8 +83,8 @@ def _raise(error: OSError) -> None:
 
 
 def walk_source(folder: str | Path, strict: bool = False, built: bool = False,
-                onerror: Callable[[OSError], None] | None = None, skipped: list[str] | None = None
-                ) -> Iterator[tuple[str, list[str], list[str]]]:
+                onerror: Callable[[OSError], None] | None = None, skipped: list[str] | None = None,
+                skipped_links: list[str] | None = None) -> Iterator[tuple[str, list[str], list[str]]]:
     """os.walk of a source folder without what is none of the code (skipped_folder, skipped_file), in name order:
     the one walk of the source digest and of the link scan of a folder a container gets, so that both skip the same
     folders. A linked folder is listed among the folders, never walked (it may loop). ``strict``: an unreadable
@@ -94,12 +94,16 @@ def walk_source(folder: str | Path, strict: bool = False, built: bool = False,
     foo.so), so a link by that name that leaves the folder dangles in a container as any other would.
     ``onerror``: where not ``strict``, told of each folder that cannot be listed (the link scan names it).
     ``skipped``: each folder the walk passes over by that rule is added to it (its path), as the walk lists it: vendor
-    check says which it did not look into."""
+    check says which it did not look into. ``skipped_links``: each file it passes over by its name that is a link
+    (a dot-file) is added to it (its path): the link scan judges those too, for vendor check to name."""
     for top, folders, files in os.walk(folder, onerror=_raise if strict else onerror):
         passed = [name for name in folders if skipped_folder(top, name)]
         if skipped is not None:
             skipped += [os.path.join(top, name) for name in sorted(passed)]
         folders[:] = sorted(name for name in folders if name not in passed)
+        if skipped_links is not None:
+            skipped_links += [os.path.join(top, name) for name in sorted(files) if skipped_in_source(name)
+                              and os.path.islink(os.path.join(top, name))]
         files[:] = sorted(name for name in files if not (skipped_in_source(name) if built else skipped_file(name)))
         yield top, folders, files
 

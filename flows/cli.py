@@ -1346,6 +1346,11 @@ def _check_file(path: Path, notes: list[str]) -> str:
     located = _packages_dockerfile(path)
     if located is not None:
         return _check_packages_file(*located, notes)
+    image = _image_file_dockerfile(path)
+    if image is not None:  # a Dockerfile vendor check checks, or an install script beside one
+        what = (f"vendor image {display_path(image[1])}" if Path(os.path.abspath(path)) == image[1] else
+                f"install script of {display_path(image[1])}")
+        return _check_packages_file(*image, notes, what=what)
     if path.suffix == ".py":  # FlagPerf training's test_conf.py, or its cluster_conf.py: checked together
         from flagperf.config.plan import plan_run
         from flagperf.hosts.flagperf_training import CLUSTER_CONF, load_training_conf
@@ -1427,11 +1432,36 @@ def _packages_dockerfile(path: Path) -> tuple[Path, Path] | None:
     return None
 
 
-def _check_packages_file(home: Path, dockerfile: Path, notes: list[str]) -> str:
+def _image_file_dockerfile(path: Path) -> tuple[Path, Path] | None:
+    """(the vendor folder, the Dockerfile) where ``path`` is a Dockerfile vendor check checks (container.dockerfile or
+    a <framework>/Dockerfile) or an install script beside one (*install*.sh); None for any other file. The vendor
+    folder is the first one up with vendor.yaml; no manifest is read for a file of neither name."""
+    from flagperf.config.files import is_present
+    from flagperf.config.vendors import load_vendor_manifest
+    from flagperf.hosts.vendorcheck import image_dockerfiles
+    from flagperf.paths import VENDOR_MANIFEST
+
+    given = Path(os.path.abspath(path))  # as written: a link's own place, not where it leads
+    script = given.match("*install*.sh")
+    if not script and "dockerfile" not in given.name.lower():
+        return None
+    home = next((folder for folder in given.parents if is_present(folder / VENDOR_MANIFEST)), None)
+    if home is None:
+        return None
+    manifest = load_vendor_manifest(home / VENDOR_MANIFEST)
+    for dockerfile in image_dockerfiles(home, manifest.container.dockerfile):
+        if given == dockerfile or (script and given.parent == dockerfile.parent):
+            return home, dockerfile
+    return None
+
+
+def _check_packages_file(home: Path, dockerfile: Path, notes: list[str], what: str | None = None) -> str:
     """A file of a Dockerfile's packages/ folder: first the links of the build context (by an absolute path, or out
-    of the vendor folder: each one line, never read through), then what vendor check says of packages/."""
+    of the vendor folder: each one line, never read through), then what vendor check says of packages/. ``what``: the
+    file is the Dockerfile itself, or an install script beside it ("install script of ..."): then all vendor check
+    says of that Dockerfile (its FROM line, its install step and copied files, an install script it never runs)."""
     from flagperf.config.adaptation import absolute_links
-    from flagperf.hosts.vendorcheck import Findings, links_out_of_vendor_folder, packages_findings
+    from flagperf.hosts.vendorcheck import Findings, dockerfile_findings, links_out_of_vendor_folder, packages_findings
 
     context = os.path.relpath(dockerfile.parent, home)
     if context == os.curdir:  # container.dockerfile at the top: the build context is the whole vendor folder
@@ -1442,11 +1472,12 @@ def _check_packages_file(home: Path, dockerfile: Path, notes: list[str]) -> str:
     if links:
         raise gathered(links)
     found = Findings()
-    errors = packages_findings(dockerfile, found)  # what vendor check says of packages/ (the Dockerfile's rest is its)
+    # what vendor check says of packages/ (of a file there; the Dockerfile's rest is the Dockerfile's own check)
+    errors = packages_findings(dockerfile, found) if what is None else dockerfile_findings(dockerfile, found)
     notes += found.notes + found.not_checkable
     if errors:
         raise gathered(errors)
-    return f"file of the packages/ folder of {display_path(dockerfile)}"
+    return f"file of the packages/ folder of {display_path(dockerfile)}" if what is None else what
 
 
 def _check_plugin_manifest(path: Path) -> str | None:

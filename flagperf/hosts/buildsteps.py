@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import posixpath
 import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
@@ -19,9 +20,26 @@ HEREDOC = re.compile(r"(?<!<)<<(-?)\s*([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
 # A shell variable in a path: $NAME or ${NAME}; anything more ($(...), ${NAME:-x}) makes the path unknowable here.
 VARIABLE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}|\$[A-Za-z_][A-Za-z0-9_]*")
 OPERATORS = {";", "&&", "||", "|", "&", "(", ")", ";;", "|&"}
-REDIRECTS = {">", ">>", ">|", "&>", "&>>"}
-# Words before the command itself.
-PREFIXES = {"sudo", "env", "exec", "time", "then", "do", "else", "elif", "if", "while", "until", "!", "nohup", "{"}
+REDIRECTS = {">", ">>", ">|", "&>", "&>>", ">&"}
+INPUTS = {"<", "<<", "<<<", "<&", "<>"}
+# What shlex reads as one word of punctuation (");", ")|", "&&("), split into the shell's operators, longest first.
+PUNCTUATION = re.compile("|".join(re.escape(token) for token in sorted(
+    OPERATORS | REDIRECTS | INPUTS, key=len, reverse=True)))
+# Shell words before a command (if cd x; then ./y.sh; fi), and NAME=value assignments for it alone.
+KEYWORDS = {"then", "do", "else", "elif", "if", "while", "until", "!", "{"}
+ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*")
+# Commands that run the command after their own options (sudo -E pip ..., env -u X make ...): the letters and long
+# options of theirs that take a value (sudo -u USER), and the option that runs it in another folder (sudo -D DIR,
+# env -C DIR: its relative paths are then unknown here).
+WRAPPERS = {
+    "sudo": ("ugCDhpRrtTU", {"--user", "--group", "--chdir", "--close-from", "--host", "--prompt", "--role", "--type",
+                             "--command-timeout", "--other-user", "--chroot"}, "D"),
+    "env": ("uCS", {"--unset", "--chdir", "--split-string"}, "C"),
+    "exec": ("a", set(), ""),
+    "nice": ("n", {"--adjustment"}, ""),
+    "nohup": ("", set(), ""),
+    "time": ("", set(), ""),
+}
 # The options whose value is a path the command writes, per command (the value may be attached: -Ox, --dest=x).
 WRITING_OPTIONS = {
     "wget": {"-O", "-P", "--output-document", "--directory-prefix"},
@@ -31,6 +49,13 @@ WRITING_OPTIONS = {
     "unzip": {"-d"},
     "cp": {"-t", "--target-directory"},
     "mv": {"-t", "--target-directory"},
+    "install": {"-t", "--target-directory"},
+}
+TARGET_OPTIONS = {"-t", "--target-directory"}  # with one, every other argument is a source
+# The options whose value is no path the command writes (install -m 755 ...), per command: short letters, long names.
+VALUE_OPTIONS = {
+    "install": ("mogS", {"--mode", "--owner", "--group", "--suffix", "--strip-program"}),
+    "mkdir": ("m", {"--mode", "--context"}),
 }
 ALL_ARGUMENTS = {"mkdir", "touch", "tee"}  # every argument is written
 LAST_ARGUMENT = {"cp", "mv", "ln", "rsync", "install"}  # the destination
@@ -38,6 +63,12 @@ LAST_ARGUMENT = {"cp", "mv", "ln", "rsync", "install"}  # the destination
 # longer than this is split at blanks instead (what it names is still looked for, quotes left on).
 SHLEX_LIMIT = 8192
 PACKAGES = "packages"  # FlagPerf's folder beside the Dockerfile (vendor check's PACKAGES_FOLDER)
+# A path of packages/ in a word as written (packages/x.run, ./packages/wheels/, --find-links=packages/w): not one
+# under another folder ($PKGS/packages/x, /opt/packages/y), which is not the build context's.
+PACKAGE_PATH = re.compile(rf"(?<![\w./$-])(?:\./)?({PACKAGES}/[^\s'\";|&<>()`]*)")
+# What a word names as a file where the shell is in another folder (cd packages && sh x.run): one with a / in it,
+# or one by these endings (a wheel, an installer, an archive, a script).
+FILE_ENDING = re.compile(r"\.(?:whl|run|sh|bash|py|deb|rpm|tar|tgz|tbz2?|txz|gz|bz2|xz|zst|zip)$", re.IGNORECASE)
 # A local archive ADD unpacks (Docker's ADD extracts tar, gzip, bzip2 and xz archives).
 ARCHIVE = re.compile(r"\.(?:tar|tgz|tbz2?|txz|tar\.(?:gz|bz2|xz|zst))$", re.IGNORECASE)
 
@@ -47,13 +78,33 @@ class Instruction:
     line: int  # where it starts
     keyword: str  # upper case: Docker reads RUN and run alike
     text: str  # its arguments, continuation lines joined; each heredoc's body after a newline
+    bodies: tuple[str, ...] = ()  # each heredoc's body alone, in the order the first line opens them
+
+
+# Docker's parser directives: `# name=value` lines at the very top, before any other line (an empty one or another
+# comment ends them, as does a name Docker does not know); escape= sets the line-continuation character.
+DIRECTIVE = re.compile(r"#\s*([A-Za-z][A-Za-z0-9]*)\s*=\s*(.*?)\s*")
+KNOWN_DIRECTIVES = {"syntax", "escape", "check"}
+
+
+def escape_character(lines: list[str]) -> str:
+    """The Dockerfile's escape character: a backslash, or what its `# escape=` directive sets (` on Windows)."""
+    escape = "\\"
+    for line in lines:
+        directive = DIRECTIVE.fullmatch(line.strip())
+        if directive is None or directive.group(1).lower() not in KNOWN_DIRECTIVES:
+            break
+        if directive.group(1).lower() == "escape" and directive.group(2) in ("\\", "`"):
+            escape = directive.group(2)
+    return escape
 
 
 def dockerfile_instructions(text: str) -> list[Instruction]:
-    """A Dockerfile's instructions as Docker reads them: a line ending in a backslash goes on with the next (comment
-    and empty lines inside are dropped), a line starting with # is a comment, and each heredoc's body (up to its
-    end word) belongs to the instruction that opened it."""
+    """A Dockerfile's instructions as Docker reads them: a line ending in the escape character (a backslash, or
+    what `# escape=` sets) goes on with the next (comment and empty lines inside are dropped), a line starting with #
+    is a comment, and each heredoc's body (up to its end word) belongs to the instruction that opened it."""
     lines = text.removeprefix("\ufeff").splitlines()  # a BOM (some Windows editors write one) is not text
+    escape = escape_character(lines)
     found: list[Instruction] = []
     index = 0
     while index < len(lines):
@@ -61,7 +112,7 @@ def dockerfile_instructions(text: str) -> list[Instruction]:
         index += 1
         if not parts[0].strip() or parts[0].lstrip().startswith("#"):
             continue
-        while parts[-1].rstrip().endswith("\\") and index < len(lines):
+        while parts[-1].rstrip().endswith(escape) and index < len(lines):
             parts[-1] = parts[-1].rstrip()[:-1]
             # comment and empty lines inside an instruction are dropped; it goes on with the line after them
             while index < len(lines) and (not lines[index].strip() or lines[index].lstrip().startswith("#")):
@@ -81,42 +132,60 @@ def dockerfile_instructions(text: str) -> list[Instruction]:
                     break
                 body.append(line)
             bodies.append("\n".join(body))
-        found.append(Instruction(start, keyword.upper(), "\n".join([rest.strip(), *bodies])))
+        found.append(Instruction(start, keyword.upper(), "\n".join([rest.strip(), *bodies]), tuple(bodies)))
     return found
 
 
 # RUN's own flags before its command: --mount=..., --network=host, --security=insecure.
 RUN_FLAGS = re.compile(r"\A(?:--[A-Za-z][A-Za-z0-9-]*(?:=\S*)?\s+)+")
 SHELLS = {"sh", "bash", "dash", "ash", "zsh", "ksh"}
+HEREDOC_MARK = "__flagperf_heredoc_{}__"  # a heredoc's place in its line, while the line's commands are read
 
 
-def run_script(text: str) -> str:
-    """A RUN instruction's text (Instruction.text) as the shell script it runs: its flags (--mount=...) dropped,
-    and the exec form (a JSON list of words) as one line of those words quoted, or, where it is a shell's -c, that
-    script itself."""
-    text = RUN_FLAGS.sub("", text)
-    first, newline, after = text.partition("\n")
-    heredoc = HEREDOC.search(first)
-    if heredoc:
-        # The bodies are shell only where a heredoc is the script itself (RUN <<EOF, RUN bash -e <<EOF); one fed to
-        # a command (cat <<EOF > /etc/pip.conf) is data: its lines are not commands, nor paths the build names.
-        head = first[:heredoc.start()].split()
-        if not (not head or (PurePosixPath(head[0]).name in SHELLS and all(w.startswith("-") for w in head[1:]))):
-            return first
+def run_scripts(instruction: Instruction) -> list[str]:
+    """The shell scripts a RUN instruction runs, each in a shell of its own: its command line (its flags, such as
+    --mount=..., dropped; the exec form, a JSON list of words, as one line of those words quoted, or, where it is a
+    shell's -c, that script), and each heredoc body a shell reads as its script. As BuildKit runs it: RUN <<EOF alone
+    runs the body; any other line goes to the shell with its heredocs, and a heredoc fed to a shell (bash -e <<EOF)
+    is a script, one fed to another command (cat <<EOF > /etc/pip.conf) data: its lines are no commands, nor paths
+    the build names."""
+    first = RUN_FLAGS.sub("", instruction.text.partition("\n")[0])
+    heredocs = list(HEREDOC.finditer(first))
+    if heredocs:
+        if len(heredocs) == 1 and first.strip() == heredocs[0].group(0):
+            return list(instruction.bodies[:1])
+        return [first] + [instruction.bodies[index] for index in _heredoc_scripts(first, heredocs)
+                          if index < len(instruction.bodies)]
     if not first.startswith("["):
-        return text
+        return [RUN_FLAGS.sub("", instruction.text)]
     try:
         words = json.loads(first)
     except ValueError:
-        return text
+        return [first]
     if not isinstance(words, list) or not words or not all(isinstance(word, str) for word in words):
-        return text
+        return [first]
     if (len(words) >= 3 and PurePosixPath(words[0]).name in SHELLS
             and re.fullmatch(r"-[A-Za-z]*c[A-Za-z]*", words[1])):
-        script = words[2]
-    else:
-        script = shlex.join(words)
-    return script + newline + after
+        return [words[2]]
+    return [shlex.join(words)]
+
+
+def _heredoc_scripts(line: str, heredocs: list[re.Match[str]]) -> list[int]:
+    """Which of a line's heredocs (by their order in it) a shell reads as its script: the last one fed to a
+    command that is a shell with options only (bash, sudo -E bash -e): the shell's input is its last heredoc."""
+    marked = line
+    for index, heredoc in reversed(list(enumerate(heredocs))):
+        marked = f"{marked[:heredoc.start()]} {HEREDOC_MARK.format(index)} {marked[heredoc.end():]}"
+    scripts = []
+    for command in _commands(shell_words(marked)):
+        fed = [index for index in range(len(heredocs)) if HEREDOC_MARK.format(index) in command]
+        words = [word for word in _without_redirections(command) if not re.fullmatch(
+            HEREDOC_MARK.format(r"\d+"), word)]
+        program, _ = _program(words)
+        if fed and program and PurePosixPath(program[0]).name in SHELLS \
+                and all(word.startswith("-") and "c" not in word.lstrip("-") for word in program[1:]):
+            scripts.append(fed[-1])
+    return scripts
 
 
 def shell_lines(text: str) -> list[tuple[int, str]]:
@@ -161,9 +230,13 @@ def shell_words(line: str) -> list[str]:
     lexer.whitespace_split = True
     lexer.commenters = ""
     try:
-        return list(lexer)
+        words = list(lexer)
     except ValueError:
         return line.split()
+    # shlex gives a run of punctuation as one word: ");" is the end of a subshell and then of a command
+    return [part for word in words for part in (
+        PUNCTUATION.findall(word) if word and not word.strip("();<>|&") and word not in OPERATORS | REDIRECTS | INPUTS
+        else [word])]
 
 
 def as_glob(word: str) -> str | None:
@@ -204,6 +277,27 @@ def copy_parts(instruction: Instruction) -> tuple[list[str], list[str], str] | N
 
 
 @dataclass
+class Shell:
+    """Where one shell (a RUN step's, an install script's, a heredoc a shell runs) is, read command by command: its
+    folder as a path from where it started ("" there), None where this reading cannot tell (cd to an absolute path,
+    to $VAR, to -, popd). cd and pushd move it; a subshell's ( ... ) or $( ... ) moves only itself."""
+
+    folder: str | None = ""
+    outer: list[str | None] = field(default_factory=list)  # the folder at each open parenthesis
+
+    def moved(self, arguments: list[str]) -> None:
+        """cd's or pushd's arguments."""
+        places = [word for word in arguments if not word.startswith("-") or word == "-"]
+        place = places[0] if places else ""
+        if self.folder is None or not place or place == "-" or place.startswith(("/", "~", "$")) \
+                or re.search(r"[`]|\$\(|\$\{[^}]*[^A-Za-z0-9_}]", place):
+            self.folder = None
+            return
+        folder = posixpath.normpath(posixpath.join(self.folder, place))
+        self.folder = None if folder == ".." or folder.startswith("../") else "" if folder == "." else folder
+
+
+@dataclass
 class BuildWrites:
     """What the steps read so far write (paths, as globs) and whether any downloads (wget, curl, pip download or
     wheel): a packages/ path not found may then be made by the build itself."""
@@ -213,10 +307,28 @@ class BuildWrites:
     # Files land where this reading cannot tell (COPY --from, ADD of a URL or an archive, tar x without -C, unzip
     # without -d): a packages/ path not found may be one of them.
     unknown_places: bool = False
+    # The folder the command being read runs in (Shell.folder): what it writes by a relative path lies there.
+    _folder: str | None = field(default="", init=False, repr=False)
 
-    def read(self, words: Iterable[str]) -> None:
-        for command in _commands(list(words)):
-            self._command(command)
+    def read(self, words: Iterable[str], shell: Shell | None = None) -> list[tuple[str, str]]:
+        """One logical line's words, run in ``shell`` (a new one: in the folder the shell starts in): what it
+        writes, and each packages/ path it names, as written and as the path from where the shell started (the
+        same, but after a cd: cd packages && sh x.run names packages/x.run)."""
+        shell = Shell() if shell is None else shell
+        named: list[tuple[str, str]] = []
+        command: list[str] = []
+        for word in [*words, ";"]:
+            if word not in OPERATORS:
+                command.append(word)
+                continue
+            if command:
+                named += self._command(command, shell)
+            command = []
+            if word == "(":
+                shell.outer.append(shell.folder)
+            elif word == ")" and shell.outer:
+                shell.folder = shell.outer.pop()
+        return named
 
     def copy(self, instruction: Instruction) -> None:
         """A COPY or ADD step: its destination is written. A relative one is under WORKDIR, which the RUN steps
@@ -241,28 +353,26 @@ class BuildWrites:
             if PACKAGES not in parts:
                 return
             parts = parts[parts.index(PACKAGES):]
+        self._folder = ""
         self._wrote("/".join(parts))
 
-    def _command(self, words: list[str]) -> None:
-        rest: list[str] = []
-        index = 0
-        while index < len(words):
-            word = words[index]
-            if word in REDIRECTS and index + 1 < len(words):
-                self._wrote(words[index + 1])
-                index += 2
-                continue
-            if word in {"<", "<<", "<<<"}:
-                index += 2
-                continue
-            rest.append(word)
-            index += 1
-        while rest and (rest[0] in PREFIXES or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", rest[0])):
-            rest = rest[1:]
-        if not rest:
-            return
-        name = PurePosixPath(rest[0]).name
-        arguments = rest[1:]
+    def _command(self, words: list[str], shell: Shell) -> list[tuple[str, str]]:
+        targets: list[str] = []  # of > and >>: written once the command's folder is known (env -C moves it)
+        program, elsewhere = _program(_without_redirections(words, targets.append))
+        self._folder = None if elsewhere else shell.folder
+        for target in targets:
+            self._wrote(target)
+        named = self._named(words, program)
+        if not program:
+            return named
+        name = PurePosixPath(program[0]).name
+        arguments = program[1:]
+        if name in ("cd", "pushd"):
+            shell.moved(arguments)
+            return named
+        if name == "popd":
+            shell.folder = None
+            return named
         if re.fullmatch(r"python[0-9.]*", name) and arguments[:2] == ["-m", "pip"]:
             name, arguments = "pip", arguments[2:]
         name = "pip" if re.fullmatch(r"pip[0-9.]*", name) else name
@@ -279,33 +389,77 @@ class BuildWrites:
             if len(places) >= 2:
                 self._wrote(places[-1])
         options = WRITING_OPTIONS.get(name, set())
-        plain = []
+        letters, valued = VALUE_OPTIONS.get(name, ("", set()))
+        plain: list[str] = []
+        targeted = directories = False
         index = 0
         while index < len(arguments):
             word = arguments[index]
             index += 1
-            if word.startswith("-") and word != "-":
-                option, equals, value = word.partition("=")
-                if option in options and equals:
-                    self._wrote(value)
-                elif word in options and index < len(arguments):
-                    self._wrote(arguments[index])
-                    index += 1
-                elif not word.startswith("--") and len(word) > 2 and word[:2] in options:  # -Ofile
-                    self._wrote(word[2:])
+            if not word.startswith("-") or word == "-":
+                plain.append(word)
                 continue
-            plain.append(word)
-        if name in ALL_ARGUMENTS:
+            option, equals, value = word.partition("=")
+            targeted = targeted or option in TARGET_OPTIONS or word[:2] in TARGET_OPTIONS
+            directories = directories or option == "--directory"
+            if option in options and equals:
+                self._wrote(value)
+            elif word in options and index < len(arguments):
+                self._wrote(arguments[index])
+                index += 1
+            elif word in valued and index < len(arguments):
+                index += 1  # install --mode 755: the value is no path
+            elif not word.startswith("--"):
+                # a cluster of short options (-dm755, -Ofile): the first that takes a value takes the rest of the
+                # word, or the next word where the rest is empty
+                for position, letter in enumerate(word[1:], 1):
+                    directories = directories or (name == "install" and letter == "d")
+                    if f"-{letter}" in options or letter in letters:
+                        value = word[position + 1:]
+                        if not value and index < len(arguments):
+                            value = arguments[index]
+                            index += 1
+                        if f"-{letter}" in options and value:
+                            self._wrote(value)
+                        break
+        if name in ALL_ARGUMENTS or (name == "install" and directories):  # install -d makes folders
             for word in plain:
                 self._wrote(word)
-        elif name in LAST_ARGUMENT and len(plain) >= 2:
+        elif name in LAST_ARGUMENT and len(plain) >= 2 and not targeted:
             self._wrote(plain[-1])
+        return named
+
+    def _named(self, words: list[str], program: list[str]) -> list[tuple[str, str]]:
+        """The packages/ paths a command's words name: as written where the shell is where it started; after a cd,
+        the words that name a file (./x.sh, wheels/*.whl, x.run, a shell's script), from the folder it is in."""
+        if self._folder == "":
+            return [(name, name) for word in words for name in PACKAGE_PATH.findall(word)]
+        if self._folder is None:
+            return []
+        script = _script_argument(program)
+        found = []
+        for position, word in enumerate(words):
+            if word.startswith(("-", "/", "~", "$")) or "://" in word or "=" in word or word in REDIRECTS:
+                continue
+            if program and word is program[0] and "/" not in word:
+                continue  # a command found on PATH, not in the folder
+            if "/" in word or FILE_ENDING.search(word) or position == script:
+                path = posixpath.normpath(posixpath.join(self._folder, word))
+                if path.startswith(PACKAGES + "/"):
+                    found.append((f"{word} ({path} after cd {self._folder})", path))
+        return found
 
     def _wrote(self, word: str) -> None:
         path = as_glob(word)
+        if path is None or (self._folder is None and not path.startswith("/")):
+            return  # relative to a folder this reading cannot tell
+        if self._folder and not path.startswith("/"):
+            path = posixpath.normpath(posixpath.join(self._folder, path))
+            if path == ".." or path.startswith("../"):
+                return
         # A place whose first component the shell decides ($WORKDIR, ${DEST}/x: read as *) could be anywhere; as
         # a glob it would match every path and switch the check off, so it is not counted as written.
-        if path is not None and not re.search(r"[*?\[]", path.split("/")[0]) and path not in self.written:
+        if not re.search(r"[*?\[]", path.split("/")[0]) and path not in self.written:
             self.written.append(path)
 
     def made(self, path: str) -> bool:
@@ -313,6 +467,86 @@ class BuildWrites:
         that matches a place written). Matched component by component: a * never stands for a /."""
         parts = path.split("/")
         return any(_leads(place.split("/"), parts) or _leads(parts, place.split("/")) for place in self.written)
+
+
+def _without_redirections(words: list[str], targets: Callable[[str], None] | None = None) -> list[str]:
+    """A simple command's words without its redirections (> file, < file, << word), each target of > or >> given
+    to ``targets``."""
+    rest: list[str] = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word.isdigit() and index + 1 < len(words) and words[index + 1] in REDIRECTS | INPUTS:
+            index += 1  # 2>&1, 2> err.log: the number is the redirected descriptor, no argument
+            continue
+        if word in REDIRECTS and index + 1 < len(words):
+            if targets is not None and not words[index + 1].isdigit():  # >&2 is no file
+                targets(words[index + 1])
+            index += 2
+            continue
+        if word in INPUTS:
+            index += 2
+            continue
+        rest.append(word)
+        index += 1
+    return rest
+
+
+def _program(words: list[str]) -> tuple[list[str], bool]:
+    """A simple command's words from the program it runs on: without the shell's keywords (if, then, !), NAME=value
+    assignments, and the commands that run it (sudo -E, env -u X, nohup, exec) with their options; and whether one
+    of those runs it in another folder (sudo -D DIR, env -C DIR), whose relative paths are then unknown here. env -S
+    (its command in one string) leaves nothing known."""
+    elsewhere = False
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word in KEYWORDS or ASSIGNMENT.fullmatch(word):
+            index += 1
+            continue
+        runner = PurePosixPath(word).name
+        wrapper = WRAPPERS.get(runner)
+        if wrapper is None:
+            break
+        letters, valued, folder = wrapper
+        index += 1
+        while index < len(words) and words[index].startswith("-") and words[index] != "-":
+            option = words[index]
+            index += 1
+            if option == "--":
+                break
+            if option.startswith("--"):
+                name, equals, _ = option.partition("=")
+                elsewhere = elsewhere or name == "--chdir"
+                if name == "--split-string":
+                    return [], elsewhere
+                if name in valued and not equals:
+                    index += 1
+                continue
+            for position, letter in enumerate(option[1:], 1):
+                if letter in letters:
+                    elsewhere = elsewhere or letter == folder
+                    if letter == "S" and runner == "env":
+                        return [], elsewhere
+                    if not option[position + 1:]:
+                        index += 1
+                    break
+        if index < len(words) and words[index] == "-" and runner == "env":  # env - : an empty environment
+            index += 1
+    return words[index:], elsewhere
+
+
+def _script_argument(program: list[str]) -> int | None:
+    """Where a shell's script file is among a command's words (sh x.run, bash -e x.sh, . x.sh), None where there is
+    none (sh -c '...': a command string)."""
+    if not program or PurePosixPath(program[0]).name not in SHELLS | {"source", "."}:
+        return None
+    for position, word in enumerate(program[1:], 1):
+        if not word.startswith("-"):
+            return position
+        if "c" in word.lstrip("-") and not word.startswith("--"):
+            return None
+    return None
 
 
 def _tar_extracts(arguments: list[str]) -> bool:

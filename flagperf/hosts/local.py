@@ -378,7 +378,8 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
     folder. A part reached through a link inside the folder (engines -> real_engines) is walked at its real place,
     its findings named as the walk of the whole folder names them; one given with '..' or absolute is a ValueError.
     ``skipped``: the folders the walk passed over by the rule above are added to it (walk_source's), each as its path
-    below the folder, once: those it met before it stopped (at ``limit``, or the way to ``only``)."""
+    below the folder, once: those it met before it stopped (at ``limit``, or the way to ``only``); so is each dot-file
+    passed over that is a link leaving the folder by the rule above (a round passes it unjudged)."""
     root = os.path.realpath(folder)
     if only is not None and (os.path.isabs(only) or ".." in only.split(os.sep)):
         raise ValueError(f"links_leaving: only={only!r} is not a part below the folder (absolute, or with '..')")
@@ -440,15 +441,20 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
     def scan(steps: Sequence[str]) -> None:
         """The walk of the folder (``steps``: only the way to that part of it, and the part), adding its findings."""
         passed: list[str] = []
-        for top, folders, files in walk_source(root, built=True, onerror=unlisted, skipped=passed):
+        dotted: list[str] = []  # the dot-files passed over that are links
+        for top, folders, files in walk_source(root, built=True, onerror=unlisted, skipped=passed,
+                                               skipped_links=None if skipped is None else dotted):
             if len(found) >= limit:
                 return
             names = sorted([*folders, *files])
             depth = 0 if top == root else len(os.path.relpath(top, root).split(os.sep))
             if skipped is not None:  # on the way to the part, only a step of it (the walk enters nothing else)
-                skipped.extend(below for below in (os.path.relpath(path, root) for path in passed) if below not in
-                               skipped and (depth >= len(steps) or os.path.basename(below) == steps[depth]))
+                leaving = [path for path in dotted if judge(path) is not None]
+                skipped.extend(below for below in (os.path.relpath(path, root) for path in [*passed, *leaving])
+                               if below not in skipped and (depth >= len(steps)
+                                                            or os.path.basename(below) == steps[depth]))
             passed.clear()
+            dotted.clear()
             if depth < len(steps):  # above the part: the next step on the way to it alone (os.walk enters the rest)
                 folders[:] = [name for name in folders if name == steps[depth]]
                 names = [name for name in names if name == steps[depth]]

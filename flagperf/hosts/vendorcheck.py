@@ -96,10 +96,11 @@ from flagperf.hosts.buildsteps import (
     PACKAGES,
     BuildWrites,
     Instruction,
+    Shell,
     as_glob,
     copy_parts,
     dockerfile_instructions,
-    run_script,
+    run_scripts,
     shell_lines,
     shell_words,
 )
@@ -202,8 +203,12 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
     # __pycache__ is Python's own (a vendor's package gets one at every import): naming it in every check says
     # nothing a vendor can act on, so only the folders a vendor made are named
     made = [name for name in skipped if Path(name).name != "__pycache__"]
-    if made:
-        found.notes.append(_skipped_note(vendor.folder, made))
+    folders = [name for name in made if os.path.isdir(vendor.folder / name)]
+    if folders:
+        found.notes.append(_skipped_note(vendor.folder, folders))
+    links = [name for name in made if name not in folders]  # dot-files that are links out of the folder
+    if links:
+        found.notes.append(_skipped_links_note(vendor.folder, links))
     return found
 
 
@@ -219,6 +224,26 @@ def _skipped_note(folder: Path, skipped: list[str]) -> str:
                                                   if len(skipped) > SKIPPED_NAMED else "")
     return (f"{display_path(folder)}: not scanned (skipped as in every round: {named}): links in "
             f"{'it' if len(skipped) == 1 else 'them'} are not checked")
+
+
+def _skipped_links_note(folder: Path, links: list[str]) -> str:
+    """The note on the dot-files that are links out of the vendor folder: the link scan passes over a dot-file, as a
+    round's scan and the source digest do, so no round refuses such a link, but in a round's container it may lead
+    nowhere (the folder is at another path there): the vendor is told which, with where each leads."""
+    named = ", ".join(f"{name} -> {_link_target(folder / name)}" for name in links[:SKIPPED_NAMED]) + (
+        f" and {len(links) - SKIPPED_NAMED} more" if len(links) > SKIPPED_NAMED else "")
+    one = len(links) == 1
+    return (f"{display_path(folder)}: {named} {'leads' if one else 'lead'} out of the vendor folder, "
+            f"{'a dot-file' if one else 'dot-files'} every round's link scan passes over (no round refuses "
+            f"{'it' if one else 'them'}): in a round's container, where the folder is at another path, "
+            f"{'it' if one else 'each'} may lead nowhere")
+
+
+def _link_target(link: Path) -> str:
+    try:
+        return os.readlink(link)
+    except OSError:  # gone since the scan
+        return "?"
 
 
 def _named_as_outside(link: Path, folder: Path, problems: list[str]) -> bool:
@@ -400,20 +425,39 @@ def image_dockerfiles(folder: Path, dockerfile: str) -> list[Path]:
 
 
 def _check_dockerfile(dockerfile: Path, found: Findings) -> None:
+    errors = dockerfile_findings(dockerfile, found)
+    for error in errors:
+        found.add_error(error)
+    if not errors:
+        scripts = install_scripts(dockerfile.parent)
+        found.passed.append(f"image {display_path(dockerfile)}" + (f" with {', '.join(scripts)}" if scripts else ""))
+
+
+def install_scripts(context: Path) -> list[str]:
+    """The install scripts beside a Dockerfile (FlagPerf's <framework>_install.sh, or any *install*.sh)."""
+    return sorted(p.name for p in context.glob("*install*.sh"))
+
+
+def dockerfile_findings(dockerfile: Path, found: Findings) -> list[ConfigError]:
+    """What vendor check says of one Dockerfile (`flagperf validate` of it, or of an install script beside it, says
+    the same): a FROM line, an install step, every file it copies in its folder (the build context), every install
+    script beside it run, and _packages_named's packages/ paths; its notes and what it could not check go to
+    ``found``."""
     where = display_path(dockerfile)
     try:  # a regular file when the manifest was read; bounded and never blocking if it changed since
         text = read_config_text(dockerfile, what="a Dockerfile")
     except ConfigError as exc:
-        found.problem(where, exc.message)
-        return
-    before = len(found.problems)  # this Dockerfile's own problems decide its ok line, not an earlier check's
+        return [ConfigError(where, None, exc.message)]
+    errors: list[ConfigError] = []
     context = dockerfile.parent
     instructions = dockerfile_instructions(text)  # as Docker joins them: continuations, heredocs, RUN or run
     if not any(step.keyword == "FROM" for step in instructions):
-        found.problem(where, "no FROM line: the build has no base image (the vendor's PyTorch image)")
-    scripts = sorted(p.name for p in context.glob("*install*.sh"))
+        errors.append(ConfigError(where, None, "no FROM line: the build has no base image (the vendor's PyTorch "
+                                  "image)"))
+    scripts = install_scripts(context)
     if not any(step.keyword == "RUN" for step in instructions) and not scripts:
-        found.problem(where, "no install step (a RUN line, or FlagPerf's <framework>_install.sh beside it)")
+        errors.append(ConfigError(where, None, "no install step (a RUN line, or FlagPerf's <framework>_install.sh "
+                                  "beside it)"))
     for step in instructions:
         parts = copy_parts(step) if step.keyword in ("COPY", "ADD") else None
         if parts is None or any(flag.startswith("--from") for flag in parts[0]):
@@ -430,20 +474,30 @@ def _check_dockerfile(dockerfile: Path, found: Findings) -> None:
             except (ValueError, OSError):
                 continue  # a pattern pathlib refuses is not checkable here: said less, never more
             if not there:
-                found.problem(where, f"line {step.line}: copies {name}, which is not in {display_path(context)}")
+                errors.append(ConfigError(where, None, f"line {step.line}: copies {name}, which is not in "
+                                          f"{display_path(context)}"))
     for script in scripts:
-        if script not in text:
-            found.problem(where, f"{script} is beside the Dockerfile but the Dockerfile never uses it")
-    for error in _packages_named(dockerfile, instructions, scripts, found):
-        found.add_error(error)
-    if len(found.problems) == before:
-        found.passed.append(f"image {where}" + (f" with {', '.join(scripts)}" if scripts else ""))
+        if not any(script in step.text for step in instructions):  # a comment naming it runs nothing
+            errors.append(ConfigError(where, None, unused_script_problem(script, context.name)))
+    return errors + _packages_named(dockerfile, instructions, scripts, found)
+
+
+def unused_script_problem(script: str, framework: str) -> str:
+    """The problem of an install script beside a Dockerfile that never runs it. FlagPerf runs <framework>_install.sh
+    itself, in a container of the built image that it then commits; here the image is what the Dockerfile builds and
+    nothing more, so a FlagPerf folder's script does nothing until the Dockerfile runs it: how is said. The whole
+    folder is copied so that the script's relative paths (packages/...) are as the packages/ check reads them."""
+    flagperf = (f"FlagPerf runs {script} in a container of the built image and commits that, " if
+                script == f"{framework}_install.sh" else "")
+    return (f"{script} is beside the Dockerfile but the Dockerfile never runs it: {flagperf}here the image is what the "
+            f"Dockerfile builds alone; add `COPY . /tmp/build/` and `RUN cd /tmp/build && bash {script}` to the "
+            "Dockerfile, or remove the script")
 
 
 # FlagPerf's guide keeps what <framework>_install.sh installs beyond the Dockerfile in packages/ beside it: a path
-# there named by the install script or a RUN step (packages/x.run, ./packages/wheels/, packages/x-${VER}.whl).
+# there named by the install script or a RUN step (packages/x.run, ./packages/wheels/, packages/x-${VER}.whl, or
+# x.run after cd packages: buildsteps.PACKAGE_PATH and BuildWrites.read).
 PACKAGES_FOLDER = PACKAGES
-PACKAGE_PATH = re.compile(rf"(?<![\w./$-])(?:\./)?({PACKAGES_FOLDER}/[^\s'\";|&<>()`]*)")
 
 
 def packages_findings(dockerfile: Path, found: Findings) -> list[ConfigError]:
@@ -455,8 +509,7 @@ def packages_findings(dockerfile: Path, found: Findings) -> list[ConfigError]:
                                              display_path(dockerfile.parent)), what="a Dockerfile")
     except ConfigError as exc:
         return [exc]
-    return _packages_named(dockerfile, dockerfile_instructions(text),
-                           sorted(p.name for p in dockerfile.parent.glob("*install*.sh")), found)
+    return _packages_named(dockerfile, dockerfile_instructions(text), install_scripts(dockerfile.parent), found)
 
 
 def _packages_named(dockerfile: Path, instructions: list[Instruction], scripts: list[str],
@@ -471,8 +524,10 @@ def _packages_named(dockerfile: Path, instructions: list[Instruction], scripts: 
     context = dockerfile.parent
     shown = display_path(context)
     errors: list[ConfigError] = []
-    sources = [(display_path(dockerfile), [(step.line, line) for step in instructions if step.keyword == "RUN"
-                                           for _, line in shell_lines(run_script(step.text))])]
+    # Each shell the build runs, with its lines: a RUN step's command line, each heredoc a shell runs as its script,
+    # an install script (a cd in one moves the rest of that shell only)
+    sources = [(display_path(dockerfile), [(step.line, line) for _, line in shell_lines(script)])
+               for step in instructions if step.keyword == "RUN" for script in run_scripts(step)]
     for script in scripts:
         path = context / script
         if path.is_symlink():  # read through a link, a file elsewhere would be quoted here
@@ -489,35 +544,34 @@ def _packages_named(dockerfile: Path, instructions: list[Instruction], scripts: 
     for step in instructions:
         if step.keyword in ("COPY", "ADD"):
             writes.copy(step)
-    named: list[tuple[str, int, str]] = []
+    named: list[tuple[str, int, str, str]] = []  # where, line, the path as the line has it, the path in the context
     for where, lines in sources:
+        shell = Shell()
         for number, line in lines:
-            words = shell_words(line)
-            writes.read(words)
-            named += [(where, number, name) for word in words for name in PACKAGE_PATH.findall(word)]
-    for where, number, name in dict.fromkeys(named):
+            named += [(where, number, shown, name) for shown, name in writes.read(shell_words(line), shell)]
+    for where, number, shown_name, name in dict.fromkeys(named):
         path = as_glob(name)
         if path is None or writes.made(path):  # the shell decides it (${X:-y}, $(...)), or the build writes it
             continue
         if not is_under(os.path.realpath(context / path), os.path.realpath(context)):
-            errors.append(ConfigError(where, None, f"line {number}: names {name}, which leads out of {shown} (the "
-                                      "build sees only its own folder)"))
+            errors.append(ConfigError(where, None, f"line {number}: names {shown_name}, which leads out of {shown} "
+                                      "(the build sees only its own folder)"))
             continue
         try:
             there = any(context.glob(path)) if re.search(r"[*?\[]", path) else os.path.exists(context / path)
         except (ValueError, OSError) as exc:  # a glob pathlib refuses (** inside a name), a name too long
-            found.not_checkable.append(f"{where}: line {number}: {name} cannot be looked for ({exc})")
+            found.not_checkable.append(f"{where}: line {number}: {shown_name} cannot be looked for ({exc})")
             continue
         if not there:
             if writes.downloads or writes.unknown_places:
                 how = ("downloads files (wget, curl, pip download)" if writes.downloads else
                        "writes files where this check cannot tell (COPY --from, ADD of a URL or an archive, tar x "
                        "without -C, unzip without -d)")
-                found.notes.append(f"{where}: line {number}: names {name}, which is not in {shown}: the build "
+                found.notes.append(f"{where}: line {number}: names {shown_name}, which is not in {shown}: the build "
                                    f"{how}, so it may be one of them; if not, FlagPerf's {PACKAGES_FOLDER}/ goes "
                                    "beside the Dockerfile")
             else:
-                errors.append(ConfigError(where, None, f"line {number}: names {name}, which is not in {shown} "
+                errors.append(ConfigError(where, None, f"line {number}: names {shown_name}, which is not in {shown} "
                                           f"(FlagPerf's {PACKAGES_FOLDER}/ goes beside the Dockerfile)"))
     return errors
 
