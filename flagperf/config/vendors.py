@@ -3,6 +3,8 @@
 A vendor folder holds:
   vendor.yaml            this manifest (torch device, monitors, spec module, container options)
   spec.py                ``spec_table(settings: dict) -> SpecTable``: peaks with their sources
+  <health>.py            optional ``device_health(settings: dict) -> dict``: each device's health at the healthcheck
+                         (flagperf.results.devicehealth)
   <monitor>.py           monitor scripts (``--out FILE --interval S --pid-file F --max-seconds N``)
   <framework>/Dockerfile the image the cases run in, when a container engine is used
   cases/<family>/<case>/ the vendor's files of a case, when kept here (flagperf.config.adaptation)
@@ -31,8 +33,9 @@ from flagperf.config.models import (
     load_model,
     pydantic_error_to_config_error,
 )
-from flagperf.errors import ConfigError, SpecSettingError, missing_extra, nearest, unknown_name
+from flagperf.errors import ConfigError, FlagperfError, SpecSettingError, missing_extra, nearest, unknown_name
 from flagperf.paths import PROJECT_ROOT, VENDOR_MANIFEST, display_path, vendor_roots
+from flagperf.results.devicehealth import checked_reading, unavailable
 from flagperf.results.schema import Peak, SpecTable
 
 MANIFEST = VENDOR_MANIFEST
@@ -121,6 +124,10 @@ class VendorManifest(StrictModel):
     hardware: str | None = Field(default=None, description="the <hw> of training scale files "
                                  "(config_<hw>x<nnodes>x<nproc>.yaml); the vendor name when absent")
     spec_module: str = "spec.py"
+    health_module: str | None = Field(
+        default=None, description="a file of the vendor folder with device_health(settings) -> dict: each device's "
+        "health (PCIe link, memory remapping, errors) read by the probe at the healthcheck, recorded in the host's "
+        "health report and judged by the fleet diagnosis's health_field rules; None: the vendor reads none")
     spec_settings: dict[str, Any] = Field(default_factory=dict)
     logical_devices: int | None = Field(
         default=None, ge=1, le=1024, description="the host's CPUs split into this many logical devices, each "
@@ -231,6 +238,23 @@ class Vendor(BaseModel):
     @cached_property
     def _spec_module(self) -> ModuleType:
         return import_file(self.folder / self.manifest.spec_module, f"flagperf_vendor_{self.name}_spec")
+
+    def device_health(self) -> dict[str, Any]:
+        """Each device's health on the machine this runs on (call it on the host), in the form of
+        flagperf.results.devicehealth.HealthReading. Never raises: a reading that cannot be made (no health module,
+        the vendor's library or driver missing, the module's own error) is an answer saying why, so that a
+        healthcheck records it and goes on, and the diagnosis's rules say "unknown" rather than pass."""
+        if self.manifest.health_module is None:
+            return unavailable(f"vendor {self.name} has no health probe (health_module in its vendor.yaml)")
+        where = display_path(self.folder / self.manifest.health_module)
+        try:
+            module = import_file(self.folder / self.manifest.health_module, f"flagperf_vendor_{self.name}_health")
+            answer = module.device_health(self.spec_settings()[0])
+            return checked_reading(answer, f"{where} device_health()").model_dump()
+        except FlagperfError as exc:  # a missing extra, a module that does not import, an answer of the wrong form
+            return unavailable(str(exc))
+        except Exception as exc:  # the vendor module's own bug: recorded in one line, the healthcheck goes on
+            return unavailable(f"{where} device_health() raised {type(exc).__name__}: {str(exc)[:300]}")
 
     def with_host_settings(self, settings: HostSpecSettings | None) -> Vendor:
         """This vendor as one host sees it: the inventory's spec_settings for the host over the manifest's."""
@@ -353,8 +377,10 @@ def load_vendor_manifest(path: Path) -> VendorManifest:
     manifest = load_model(path, VendorManifest)
     if manifest.name != folder.name:
         raise ConfigError(source, "name", f"must match the folder name ({folder.name!r})")
-    for key, rel in [("spec_module", manifest.spec_module), ("container.dockerfile", manifest.container.dockerfile)]:
-        _check_inside(folder, rel, source, key)
+    for key, rel in [("spec_module", manifest.spec_module), ("container.dockerfile", manifest.container.dockerfile),
+                     ("health_module", manifest.health_module)]:
+        if rel is not None:
+            _check_inside(folder, rel, source, key)
     for i, monitor in enumerate(manifest.monitors):
         if monitor.script is not None:
             _check_inside(folder, monitor.script, source, f"monitors.{i}.script")

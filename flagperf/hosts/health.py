@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flagperf.config.diagnose import load_rules
 from flagperf.config.vendors import Vendor
 from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
 from flagperf.hosts.docker import engine_client
@@ -22,6 +23,8 @@ from flagperf.hosts.slurm import SlurmHost, check_cluster
 from flagperf.hosts.ssh import SshError, SshHost
 from flagperf.paths import display_path
 from flagperf.results.bounded import read_json_file
+from flagperf.results.devicehealth import HEALTH_KEY, checked_reading, health_report_path, summary_line
+from flagperf.results.diagnosis import health_findings
 from flagperf.results.schema import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,7 @@ class Check:
     name: str
     ok: bool
     detail: str
+    warn: bool = False  # ok, yet worth a warning line (a device the diagnosis will name)
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ class HealthReport:
 
 
 def health_file(run_dir: Path, host: str) -> Path:
-    return run_dir / "hosts" / f"{host}.health.json"
+    return health_report_path(run_dir, host)
 
 
 def with_image_probe(probe: dict[str, Any] | None, image_probe: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -206,6 +210,7 @@ def check_host(host: Host, spec: HostSpec, vendor: Vendor, log_path: Path,
                                                        "on this host need it"))
         else:
             checks.append(device_check("accelerators", probe, ""))
+        checks.append(device_health_check(probe))
         checks.append(check_clock(host))
     free = host.disk_free(host.work_root)
     checks.append(Check("disk", free >= min_free_bytes,
@@ -213,6 +218,30 @@ def check_host(host: Host, spec: HostSpec, vendor: Vendor, log_path: Path,
     if spec.runtime == "docker":
         checks.append(check_engine(host, spec))
     return HealthReport(host=host.name, checks=checks, probe=probe)
+
+
+def device_health_check(probe: dict[str, Any]) -> Check:
+    """The vendor's health probe's reading (probe ``device_health``) in one line, naming each device that breaks a
+    health rule of the default rules file. Always ok: a downgraded link or a pending remap is the fleet diagnosis's
+    to name beside the host's figures (a host left out here would measure nothing to compare), so the run goes on
+    and the line says what the diagnosis will find."""
+    raw = probe.get(HEALTH_KEY)
+    if raw is None:  # a probe from a deployed copy older than the reading
+        return Check("device health", True, "not read: the host's flagperf probe reads no device health")
+    try:
+        reading = checked_reading(raw, "the probe's device_health")
+    except ConfigError as exc:
+        return Check("device health", True, f"not read: {exc}")
+    detail = summary_line(reading)
+    if reading.available:
+        try:
+            findings = health_findings(reading, load_rules())
+        except ConfigError as exc:  # the rules file is the diagnosis's to refuse, in one line, after the run
+            findings = [f"not judged ({exc})"]
+        detail += "; " + ("; ".join(findings[:8]) + (f"; and {len(findings) - 8} more" if len(findings) > 8 else "")
+                          if findings else "no default health rule fails")
+        return Check("device health", True, detail, warn=bool(findings))
+    return Check("device health", True, detail)
 
 
 def check_clock(host: Host) -> Check:
@@ -293,5 +322,5 @@ def log_check(log: Any, host: str, check: Check) -> None:
     """One line per check in the task's log: ok, or FAIL at error level. The line names the host, as a failure's
     message does: the default Prefect UI shows a flow run's log without the task of each line, so the checks of
     several hosts would read alike there."""
-    (log.info if check.ok else log.error)("%s host %s: %s: %s", "ok  " if check.ok else "FAIL", host, check.name,
-                                          check.detail)
+    level, word = (log.error, "FAIL") if not check.ok else (log.warning, "WARN") if check.warn else (log.info, "ok  ")
+    level("%s host %s: %s: %s", word, host, check.name, check.detail)

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from flagperf import __version__
 from flagperf.config.vendors import HostSpecSettings, load_vendor
 from flagperf.errors import FlagperfError, validation_message
+from flagperf.results.devicehealth import HEALTH_KEY
 from flagperf.results.provenance import host_info, library_versions
 
 # cgroup v2, then v1 ("max" or a huge number when there is no limit)
@@ -49,6 +50,8 @@ def probe(vendor_name: str, settings: HostSpecSettings | None = None) -> dict[st
         "device_memory_bytes": None,
         "device": None,
         "peaks": {},
+        # Before torch: a container host without torch reads its devices' health all the same (vendor's NVML etc.).
+        HEALTH_KEY: vendor.device_health(),
     }
     try:
         import torch

@@ -8,8 +8,10 @@ Figures, from a run's summary rows (one per case, round, host, device and metric
                   moved by the few bad devices it is there to find (a mean and standard deviation would be).
 A rule names a figure (metric, optionally case) and its limits: a share of the fleet median, a robust distance,
 a share of the baseline; or a monitor fact of each device: throttle reasons' share of the timed region, or a
-per-device monitor field (ECC errors, XID events, retired pages) that must stay at or below a limit. A device
-fails when it breaks a rule; a host fails when one of its devices does, or when its own figure does.
+per-device monitor field (ECC errors, XID events, retired pages) that must stay at or below a limit; or a field of
+each device's health as the vendor's health probe read it at the healthcheck (a PCIe link below its width, rows
+waiting for remapping). A device fails when it breaks a rule; a host fails when one of its devices does, or when
+its own figure does.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from flagperf.results.analysis import read_monitors
+from flagperf.results.devicehealth import DeviceReading, HealthReading, recorded_reading
 from flagperf.results.markup import md_text
 from flagperf.results.schema import RESULT_FILE, read_result, write_json_atomic, write_text_atomic
 
@@ -36,6 +39,7 @@ Status = Literal["pass", "fail", "unknown"]
 # The built-in check every host gets besides the rules file's: a round of it that failed (a crash, a lost
 # connection) fails the host, since a host with no figure would otherwise pass unnoticed.
 MEASURED_RULE = "measured"
+RULE_KINDS = ("metric", "throttle", "monitor_field", "health_field")
 FIGURE_LIMITS = ("min_fleet_ratio", "max_fleet_ratio", "max_robust_z", "min_baseline_ratio", "max_baseline_ratio")
 
 
@@ -60,7 +64,10 @@ class Rule(BaseModel):
                                     "under any of those reasons, at most")
     monitor_field: str | None = Field(default=None, description="a per-device field of the vendor monitor's "
                                       "samples (ecc_uncorrected, xid_events, retired_pages ...)")
-    max: float | None = Field(default=None, description="the field's largest value in the round, at most")
+    health_field: str | None = Field(default=None, description="a per-device field of the vendor's health probe, "
+                                     "read at the healthcheck (pcie_width_lanes_missing, retirement_pending ...)")
+    max: float | None = Field(default=None, description="the field's largest value in the round (a health field: "
+                              "its value at the healthcheck), at most")
 
     @field_validator("name")
     @classmethod
@@ -71,9 +78,9 @@ class Rule(BaseModel):
 
     @model_validator(mode="after")
     def _one_kind(self) -> Rule:
-        kinds = [k for k in ("metric", "throttle", "monitor_field") if getattr(self, k) is not None]
+        kinds = [k for k in RULE_KINDS if getattr(self, k) is not None]
         if len(kinds) != 1:
-            raise ValueError("give exactly one of metric, throttle and monitor_field")
+            raise ValueError(f"give exactly one of {', '.join(RULE_KINDS[:-1])} and {RULE_KINDS[-1]}")
         limits = [k for k in FIGURE_LIMITS if getattr(self, k) is not None]
         if self.metric is not None and not limits:
             raise ValueError(f"a metric rule needs a limit: one of {', '.join(FIGURE_LIMITS)}")
@@ -81,8 +88,8 @@ class Rule(BaseModel):
             raise ValueError(f"{', '.join(limits) or 'case'}: only for a metric rule")
         if (self.throttle is None) != (self.max_share is None):
             raise ValueError("throttle and max_share go together")
-        if (self.monitor_field is None) != (self.max is None):
-            raise ValueError("monitor_field and max go together")
+        if (self.monitor_field is None and self.health_field is None) != (self.max is None):
+            raise ValueError("max goes with monitor_field or health_field, and each of them needs it")
         # Half the fleet lies at or below its median and half at or above: such a limit fails half of it always
         # (a percentage written for a share, 95 for 0.95, most often).
         if self.min_fleet_ratio is not None and self.min_fleet_ratio > 1:
@@ -95,7 +102,8 @@ class Rule(BaseModel):
 
     @property
     def kind(self) -> str:
-        return "metric" if self.metric else "throttle" if self.throttle else "monitor"
+        return "metric" if self.metric else "throttle" if self.throttle else "monitor" if self.monitor_field \
+            else "health"
 
     def applies(self, case: str, metric: str) -> bool:
         return bool(self.metric and fnmatch.fnmatchcase(metric, self.metric)
@@ -381,6 +389,8 @@ def diagnose(run_dir: Path, rows: pd.DataFrame, rules: Rules, *, baseline_rows: 
             f"{r.name} ({r.metric}{f', case {r.case}' if r.case else ''})" for r in unmatched)
             + "; its metrics: " + ", ".join(sorted({f"{f['metric']} ({f['case']})" for f in fleet_table})))
     _fact_checks(run_dir, rows, rules, verdicts)
+    for host in sorted(hosts):
+        _health_checks(run_dir, host, rules, verdicts, hosts[host])
     devices = [verdicts[k] for k in sorted(verdicts)]
     figure_rules = {r.name for r in rules.rules if r.metric}
     for verdict in devices:  # a host with a failing device fails, naming the device, the rule and the figure
@@ -452,6 +462,70 @@ def _fact_checks(run_dir: Path, rows: pd.DataFrame, rules: Rules, verdicts: dict
                 status = "unknown" if value is None else ("pass" if value <= rule.max else "fail")
                 verdict.checks.append(Check(rule.name, f"monitor {rule.monitor_field}", value, None, None,
                                             f"<= {rule.max:g}", status))
+
+
+def reading_checks(rule: Rule, reading: HealthReading) -> list[tuple[DeviceReading | None, Check]]:
+    """A health rule on a host's reading: per device, its field against the rule's max (unknown where the device
+    or the vendor's probe does not report it); one unknown check naming why where nothing was read."""
+    field_name, limit = str(rule.health_field), rule.max
+    words = f"<= {limit:g} at the healthcheck"
+    if not reading.available:
+        return [(None, Check(rule.name, f"health {field_name} (not read: {_shorten(reading.reason or '-', 160)})",
+                             None, None, None, words, "unknown"))]
+    found: list[tuple[DeviceReading | None, Check]] = []
+    for device in reading.devices:
+        value = device.fields.get(field_name)
+        if value is None:
+            what = f"health {field_name} (" + ("not reported by this device" if field_name in device.fields
+                                               else "not read by the vendor's health probe") + ")"
+            found.append((device, Check(rule.name, what, None, None, None, words, "unknown")))
+            continue
+        status: Status = "pass" if limit is not None and value <= limit else "fail"
+        found.append((device, Check(rule.name, f"health {field_name}", value, None, None, words, status)))
+    return found
+
+
+def health_findings(reading: HealthReading, rules: Rules) -> list[str]:
+    """What the rules' health checks fail on a host's reading, one phrase per device and rule (the healthcheck's
+    line: the run goes on, and the diagnosis names them again against the host's figures)."""
+    lines: list[str] = []
+    for rule in rules.rules:
+        if rule.health_field is None:
+            continue
+        for device, check in reading_checks(rule, reading):
+            if check.status == "fail" and device is not None:
+                lines.append(f"{_device_label(device)}: {check.line()}")
+    return lines
+
+
+def _device_label(device: DeviceReading) -> str:
+    return f"device {device.index}" + (f" ({device.uuid})" if device.uuid else "")
+
+
+def _health_checks(run_dir: Path, host: str, rules: Rules, verdicts: dict[tuple[str, int], Verdict],
+                   host_verdict: Verdict) -> None:
+    """The health rules on the host's reading at its healthcheck (hosts/<host>.health.json), each device's checks
+    on the device measured in the rounds with the same UUID (else the same index, the first device for a round that
+    measured one); a device the rounds did not measure, and a reading that could not be made, on the host."""
+    health_rules = [r for r in rules.rules if r.health_field is not None]
+    reading = recorded_reading(run_dir, host) if health_rules else None
+    if reading is None:
+        return
+    measured = {key[1]: v for key, v in verdicts.items() if key[0] == host}
+    by_uuid = {v.uuid: device for device, v in measured.items() if v.uuid}
+    for rule in health_rules:
+        for device, check in reading_checks(rule, reading):
+            index = None
+            if device is not None:
+                index = by_uuid.get(device.uuid) if device.uuid and by_uuid else (
+                    device.index if device.index in measured else -1 if device.index == 0 and -1 in measured
+                    else None)
+            if index is not None:
+                measured[index].checks.append(check)
+            elif check.status != "pass":  # a device no round measured: its failure is the host's all the same
+                label = "" if device is None else f"{_device_label(device)} (not measured): "
+                host_verdict.checks.append(Check(check.rule, label + check.what, check.value, None, None, check.limit,
+                                                 check.status))
 
 
 def render_markdown(diagnosis: Diagnosis, heading: str = "#") -> str:

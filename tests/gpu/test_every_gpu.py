@@ -60,3 +60,27 @@ def test_the_nvml_monitor_reads_the_health_facts(tmp_path: Path) -> None:
     # Reported or null (a GPU without ECC, events not permitted), never missing.
     assert {"ecc_uncorrected", "xid_events", "retirement_pending"} <= set(device)
     print({k: device[k] for k in ("ecc_uncorrected", "xid_events", "retirement_pending")})
+
+
+def test_the_health_probe_reads_every_gpu_through_nvml() -> None:
+    """The healthcheck's reading (vendor_images/nvidia/health.py): every GPU NVML counts, its PCIe link within
+    what it can train at, and the fields the default health rules read reported or null, never missing."""
+    pytest.importorskip("pynvml")
+    from flagperf.config.diagnose import load_rules
+    from flagperf.config.vendors import load_vendor
+    from flagperf.results.devicehealth import checked_reading
+    from flagperf.results.diagnosis import health_findings
+
+    answer = load_vendor("nvidia").device_health()
+    reading = checked_reading(answer, "device_health()")
+    assert reading.available, reading.reason
+    assert len(reading.devices) >= torch.cuda.device_count()  # NVML counts every GPU, visible to torch or not
+    for device in reading.devices:
+        fields = device.fields
+        assert device.uuid and device.uuid.startswith(("GPU-", "MIG-"))
+        assert 0 < fields["pcie_link_width"] <= fields["pcie_link_width_max"]
+        assert 0 < fields["pcie_link_gen"] <= fields["pcie_link_gen_max"]
+        assert fields["unreachable"] == 0
+        assert {r.health_field for r in load_rules().rules if r.health_field} <= set(fields)
+    print(json.dumps(answer)[:2000])
+    print(health_findings(reading, load_rules()))

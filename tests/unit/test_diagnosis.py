@@ -202,7 +202,7 @@ def test_the_diagnosis_names_its_rules_file(tmp_path: Path) -> None:
     ("rules: []\n", "rules", "at least 1 item"),
     ("rules:\n  - name: a\n    metric: gemm_*\n", "rules.0", "a metric rule needs a limit"),
     ("rules:\n  - name: a\n    metric: x\n    min_fleet_ratio: 0.9\n    max: 0\n", "rules.0",
-     "monitor_field and max go together"),
+     "max goes with monitor_field or health_field"),
     ("rules:\n  - name: a\n    metric: x\n    min_fleet_ratio: -1\n", "rules.0.min_fleet_ratio", "greater than 0"),
     ("rules:\n  - name: a\n    throttle: [hw_slowdown]\n", "rules.0", "throttle and max_share go together"),
     ("min_fleet: 1\nrules:\n  - {name: a, monitor_field: x, max: 0}\n", "min_fleet", "greater than or equal to 2"),
