@@ -136,7 +136,8 @@ class OperationConfig(CaseConfig):
     rep_s: float = Field(gt=0, description="timed time per point and implementation (iterations = rep_s / one)")
     min_iters: int = Field(ge=1)
     max_iters: int = Field(ge=1)
-    flush_cache: bool = Field(description="write a buffer twice the last-level cache between timed iterations")
+    flush_cache: bool = Field(description="write a buffer twice the last-level cache (on an accelerator at least "
+                                             "256 MiB, Triton's) between timed iterations")
     cuda_graphs: bool = Field(description="time graph replays of the call where the device has graphs")
     energy_intervals: int = Field(
         default=0, description=f"0: no energy loop (energy per work over the host loop, rarely long enough to hold "

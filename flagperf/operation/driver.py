@@ -51,6 +51,13 @@ from flagperf.operation.operators import (
     reference_for,
     shape_label,
 )
+from flagperf.operation.precision import (
+    CUBLAS_TF32_OVERRIDE,
+    PinnedArithmetic,
+    cublas_override,
+    ieee_matmuls,
+)
+from flagperf.operation.precision import describe as describe_arithmetic
 from flagperf.operation.sampled import NoSample, Sample, host_sample
 from flagperf.operation.timer import (
     NEAR_FLOOR_SHARE,
@@ -294,12 +301,16 @@ class PointRunner:
     """Runs the points of a round, one point's inputs and reference at a time."""
 
     def __init__(self, config: OperationConfig, spec: SpecTable, device: torch.device, impls: Implementations,
-                 device_is_host: bool | None = None, monitor_interval_s: float | None = None) -> None:
+                 device_is_host: bool | None = None, monitor_interval_s: float | None = None,
+                 arithmetic: PinnedArithmetic | None = None) -> None:
         """``device_is_host``: the device is the host's own processor, so every reference is float64 on the host
         and no point needs a host sample of its output; None asks the device (no torch device module: the CPU).
         ``monitor_interval_s``: the monitors' sampling interval in this round (the Job's), which the energy loop
-        lasts config.energy_intervals of; None: not known here, no energy loop (energy_loop says so)."""
+        lasts config.energy_intervals of; None: not known here, no energy loop (energy_loop says so).
+        ``arithmetic``: the round's pinned fp32 matrix-product arithmetic, checked after each implementation's calls
+        of a point (flagperf.operation.precision); None: not checked."""
         self.config = config
+        self.arithmetic = arithmetic
         self.energy_s = (config.energy_intervals * monitor_interval_s
                          if config.energy_intervals and monitor_interval_s else None)
         self.energy_loop = energy_description(config, monitor_interval_s)
@@ -448,8 +459,15 @@ class PointRunner:
             status = "skipped" if _is_oom(exc) else "failed"
             error = ("does not fit in memory: " if _is_oom(exc) else "") + _first_line(exc)
         wrote = self._restore_inputs(point, inputs)
+        switched = self.arithmetic.changed() if self.arithmetic is not None else None
+        if switched:  # the cause of whatever else went wrong: its calls ran in another arithmetic than native's
+            timed = None
+            cause = (f"changed torch's fp32 matrix-product arithmetic to {switched} (IEEE fp32 is pinned for the "
+                     "round; put back for the points after): its calls did not run in the arithmetic the others ran "
+                     "in")
+            status, error = "failed", cause + (f"; and {error}" if error else "")
         # a write into the inputs is also why its timed output is wrong: the write is said, the cause
-        if wrote and (status is None or timed_error):
+        if wrote and not switched and (status is None or timed_error):
             status, error = "failed", f"{wrote}: its timed calls ran on other data than the call that was checked"
         elif wrote:
             error = f"{error}; and it {wrote}"
@@ -639,6 +657,14 @@ def check_energy_loop(config: OperationConfig, monitor_interval_s: float | None,
                             "--monitor-interval or a longer timeout_s")
 
 
+def host_threads() -> str:
+    """The threads a CPU's figures ran on: torch's intra-op pool, which its CPU kernels and torch.compile's split a
+    call over (torch.utils.benchmark's Timer pins it, to 1 by default, for the same reason: a CPU figure is a
+    figure at a thread count)."""
+    return (f"torch's intra-op threads: {torch.get_num_threads()} (of {psutil.cpu_count(logical=True)} logical "
+            "CPUs; the CPU's figures are at this count)")
+
+
 def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device: torch.device,
                   monitor_interval_s: float | None = None, energy_origin: str | None = None) -> OperationOutcome:
     """``monitor_interval_s``: the monitors' sampling interval in this round (the Job's), the energy loop's unit;
@@ -647,11 +673,20 @@ def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device:
     impls = load_implementations(config, vendor, device)
     planned = plan_points(config)
     log.info("%d points (operators x dtypes x shapes) x implementations %s", len(planned), ", ".join(impls.ready))
-    runner = PointRunner(config, spec, device, impls, monitor_interval_s=monitor_interval_s)
-    if config.energy_intervals and not monitor_interval_s:
-        log.warning("energy loop %s", runner.energy_loop)
-    for point in planned:
-        runner.run(point)
+    with ieee_matmuls() as arithmetic:
+        runner = PointRunner(config, spec, device, impls, monitor_interval_s=monitor_interval_s,
+                             arithmetic=arithmetic)
+        if config.energy_intervals and not monitor_interval_s:
+            log.warning("energy loop %s", runner.energy_loop)
+        if cublas_override():
+            log.warning("%s is set: cuBLAS computes fp32 matrix products in TF32 whatever torch's setting, so fp32 "
+                        "GEMM points fail their fp32 tolerance (unset it to measure IEEE fp32)", CUBLAS_TF32_OVERRIDE)
+        if arithmetic.before != arithmetic.pinned:
+            log.info("fp32 matrix products pinned to IEEE fp32 for the round (the process had %s)",
+                     describe_arithmetic(arithmetic.before))
+        for point in planned:
+            runner.run(point)
+        arithmetic_statement = arithmetic.statement()
     graphs = ("off (cuda_graphs: false)" if not config.cuda_graphs
               else graph_support(device) or "each timed call replayed from a device graph captured once; the "
               "last replay's output is checked as the first call's was")
@@ -672,7 +707,8 @@ def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device:
                 "is taken over; its clock "
                 f"floor is the median the clock measures for an empty interval, and a point whose floor is over "
                 f"{NEAR_FLOOR_SHARE:.0%} of its median latency is marked (its figure includes up to that much of the "
-                "timer's own cost)"),
+                f"timer's own cost); {arithmetic_statement}"
+                + (f"; {host_threads()}" if device_module(device) is None else "")),
         flush=runner.flush.description if runner.flush else "off (flush_cache: false)",
         graphs=graphs,
         energy=runner.energy_loop,

@@ -31,6 +31,10 @@ from flagperf.measure.device import device_clock, device_module, synchronize
 from flagperf.results.metrics import percentile
 
 FALLBACK_CACHE_BYTES = 64 * 2**20  # when the device does not say how large its last-level cache is
+# An accelerator's flush is at least Triton's do_bench buffer (256 MB, TritonBench's and FlagGems' kernel timings
+# too): torch reports the L2 alone, and a memory-side cache behind it (AMD's Infinity Cache, 256 MB on an MI300X)
+# would keep a twice-the-L2 flush's inputs. Not on the CPU, whose flush already empties the host's caches.
+ACCELERATOR_FLUSH_FLOOR = 256 * 2**20
 CLOCK_FLOOR_SAMPLES = 64  # empty intervals whose median is the clock's floor
 NEAR_FLOOR_SHARE = 0.1  # a floor over 10% of the median: the timer's own cost is a tenth of the figure or more
 MEDIAN_CONFIDENCE = 0.95  # of the median's interval (order statistics)
@@ -161,6 +165,13 @@ def shares_host_caches(device: torch.device) -> bool:
     return device_module(device) is None
 
 
+def flush_bytes(cache_bytes: int | None, accelerator: bool) -> int:
+    """The flush buffer: twice the last-level cache (FALLBACK_CACHE_BYTES where not reported), and on an accelerator
+    at least ACCELERATOR_FLUSH_FLOOR."""
+    size = 2 * (cache_bytes or FALLBACK_CACHE_BYTES)
+    return max(size, ACCELERATOR_FLUSH_FLOOR) if accelerator else size
+
+
 class CacheFlush:
     """A buffer twice the last-level cache, written between timed iterations so that no iteration finds its
     inputs cached by the one before (outside the timed region). Where the device's caches are the host's
@@ -171,12 +182,16 @@ class CacheFlush:
 
     def __init__(self, device: torch.device) -> None:
         size, source = last_level_cache_bytes(device)
-        nbytes = 2 * (size or FALLBACK_CACHE_BYTES)
-        self.buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
         self.rewarm = shares_host_caches(device)
-        self.description = (f"a {nbytes / 2**20:.0f} MiB buffer written between iterations (twice the last-level "
-                            f"cache: {source}" + (f", {size / 2**20:.1f} MiB)" if size else
-                                                  f"; {FALLBACK_CACHE_BYTES / 2**20:.0f} MiB assumed)")
+        nbytes = flush_bytes(size, accelerator=not self.rewarm)
+        self.buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        floored = nbytes > 2 * (size or FALLBACK_CACHE_BYTES)
+        self.description = (f"a {nbytes / 2**20:.0f} MiB buffer written between iterations ("
+                            + (f"Triton's do_bench {ACCELERATOR_FLUSH_FLOOR / 2**20:.0f} MiB, more than " if floored
+                               else "")
+                            + f"twice the last-level cache: {source}"
+                            + (f", {size / 2**20:.1f} MiB)" if size else
+                               f"; {FALLBACK_CACHE_BYTES / 2**20:.0f} MiB assumed)")
                             + ("; the device's caches are the host's, so each flush is followed by one untimed "
                                "call on a copy of the inputs, which brings back the call's code, state and threads "
                                "and leaves its inputs and output cold" if self.rewarm else ""))
