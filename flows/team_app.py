@@ -2,7 +2,7 @@
 and services, on uvicorn, with the same settings: keep-alive, websocket pings, log level; graceful stop on
 SIGTERM), but behind flagperf.site.front.Front: only requests naming the server by its own names, frame
 protection, a page of another site kept from changing anything or opening a websocket, a malformed sign-in
-refused with 401. Started by flows.server.serve:
+refused with 401, wrong sign-ins throttled per client of the network. Started by flows.server.serve:
 
     python -m flows.team_app --host HOST --port PORT --fd FD --name NAME [--name NAME ...] --origin ORIGIN [...]
 
@@ -22,6 +22,7 @@ import socket
 import sys
 
 from flagperf.site import served
+from flagperf.site.auth import SERVER_AUTH_ENV, Credentials
 from flagperf.site.front import FRAME_HEADERS, ASGIApp, Front, interface_addresses
 
 
@@ -33,8 +34,11 @@ def create_app(names: list[str], origins: list[str], reread_names: bool = False)
     import prefect.settings
     from prefect.server.api.server import create_app as prefect_app
 
-    signed_in = prefect.settings.PREFECT_SERVER_API_AUTH_STRING.value() is not None
-    return Front(prefect_app(final=True), names, signed_in, origins, interface_addresses if reread_names else None)
+    auth_string = prefect.settings.PREFECT_SERVER_API_AUTH_STRING.value()
+    # the front throttles wrong sign-ins, as the results site does: Prefect's server counts none
+    credentials = Credentials(auth_string, SERVER_AUTH_ENV) if auth_string is not None else None
+    return Front(prefect_app(final=True), names, auth_string is not None, origins,
+                 interface_addresses if reread_names else None, credentials=credentials)
 
 
 def temporary_app() -> ASGIApp:

@@ -104,7 +104,7 @@ class Guard:
             given = dict(scope.get("headers") or []).get(b"authorization")
             if not self.credentials.matches(given.decode("latin-1") if given else None):
                 if given:  # a request without any (a browser's first) is no guess
-                    self.throttle.failed(client)
+                    self.throttle.failed(client, given)
                 answer = PlainTextResponse("sign in to see the results\n", status_code=401,
                                            headers={"WWW-Authenticate": REALM})
                 await answer(scope, receive, send_with_headers)

@@ -17,6 +17,7 @@ import binascii
 import hmac
 import ipaddress
 import os
+import secrets
 import shlex
 import socket
 import stat
@@ -100,31 +101,60 @@ class SignInThrottle:
     retrying an old password); each one after that locks the client out for a delay that doubles, from
     ``first_delay_s`` up to ``max_delay_s``, during which its attempts are not even checked. A right sign-in
     clears the count. ``clock`` is injectable so that tests need no sleeping. The table keeps at most
-    ``max_clients`` (the least recently failed go first): an attacker with many addresses cannot fill memory."""
+    ``max_clients`` (the least recently failed go first): an attacker with many addresses cannot fill memory. A
+    client is an IPv4 address, or an IPv6 one's /64 (client_key). The same wrong sign-in as the client's last one
+    is no new guess (a browser or the Prefect UI sending an old password with each request)."""
 
     def __init__(self, free: int = 5, first_delay_s: float = 1.0, max_delay_s: float = 900.0,
                  max_clients: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
         self.free, self.first_delay_s, self.max_delay_s = free, first_delay_s, max_delay_s
         self.max_clients, self.clock = max_clients, clock
-        self._failures: OrderedDict[str, tuple[int, float]] = OrderedDict()  # client: (wrong in a row, until)
+        # client: (wrong in a row, locked until, a keyed digest of its last wrong sign-in: never the text)
+        self._failures: OrderedDict[str, tuple[int, float, bytes]] = OrderedDict()
+        self._digest_key = secrets.token_bytes(16)
 
     def wait_s(self, client: str) -> float:
         """Seconds before ``client`` may try again; 0 when it may now."""
-        failures = self._failures.get(client)
+        failures = self._failures.get(client_key(client))
         return max(0.0, failures[1] - self.clock()) if failures else 0.0
 
-    def failed(self, client: str) -> float:
-        """Count a wrong sign-in of ``client``; returns the seconds it is now locked out for (0: none yet)."""
-        count = self._failures.pop(client, (0, 0.0))[0] + 1
+    def failed(self, client: str, given: bytes | None = None) -> float:
+        """Count a wrong sign-in of ``client`` (``given``: what it sent, where known); returns the seconds it is
+        now locked out for (0: none yet). The same ``given`` as its last wrong one is not counted again."""
+        key = client_key(client)
+        count, until, last = self._failures.pop(key, (0, 0.0, b""))
+        digest = hmac.digest(self._digest_key, given, "sha256") if given is not None else b""
+        if digest and hmac.compare_digest(digest, last):
+            self._failures[key] = (count, until, last)
+            return max(0.0, until - self.clock())
+        count += 1
         over = count - self.free
         delay = 0.0 if over <= 0 else min(self.max_delay_s, self.first_delay_s * 2.0 ** min(over - 1, 64))
-        self._failures[client] = (count, self.clock() + delay)
+        self._failures[key] = (count, self.clock() + delay, digest)
         while len(self._failures) > self.max_clients:
             self._failures.popitem(last=False)
         return delay
 
     def succeeded(self, client: str) -> None:
-        self._failures.pop(client, None)
+        self._failures.pop(client_key(client), None)
+
+
+# An IPv6 host gets a /64 of its own (SLAAC, privacy addresses): any address of it is the same client.
+IPV6_CLIENT_PREFIX = 64
+
+
+def client_key(address: str) -> str:
+    """The client an address counts as: an IPv4 address (mapped into IPv6 too) itself, an IPv6 one its /64, a name
+    (no address: a test client, a Unix socket) itself."""
+    try:
+        parsed = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return address
+    if isinstance(parsed, ipaddress.IPv6Address):
+        if parsed.ipv4_mapped is not None:
+            return str(parsed.ipv4_mapped)
+        return str(ipaddress.IPv6Network((parsed, IPV6_CLIENT_PREFIX), strict=False))
+    return str(parsed)
 
 
 def check_auth_string(value: str, source: str) -> str:

@@ -3,13 +3,17 @@ for requests that name the server by one of its own names (a DNS rebinding page 
 frame and sniffing protection on every answer, a page of another site (its Origin header) kept from changing
 anything or opening a websocket (browsers apply CORS to neither: a form's POST is sent, a websocket opened, whatever
 the answer says), and a malformed Basic sign-in refused with 401 (Prefect's server fails with a 500 and a traceback
-on one that decodes to non-ASCII text, or on a websocket's sign-in message that is not ASCII)."""
+on one that decodes to non-ASCII text, or on a websocket's sign-in message that is not ASCII), and wrong sign-ins
+throttled per client as the results site throttles them (Prefect's server counts none)."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hmac
+import ipaddress
 import json
+import math
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
@@ -17,6 +21,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+from flagperf.site.auth import Credentials, SignInThrottle
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Any]]
@@ -33,6 +39,7 @@ FRAME_HEADERS = [
 REBINDING = "DNS rebinding protection"
 FOREIGN = "a page of another site (its Origin) may not change anything here nor open a websocket"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")  # OPTIONS: a CORS preflight, which the CORS middleware answers
+LOCKED_OUT = "too many wrong sign-ins from this address; try again later"
 # How often, at most, a Host that is not one of the names has the names read again (reread): a request naming
 # another site must not make the server list its interfaces at the attacker's pace.
 REREAD_EVERY_S = 10.0
@@ -238,11 +245,18 @@ class Front:
     origins; "*", any site's page, is refused: a ValueError), besides that of a page the server served under an
     address it got since it started (HostCheck's ``reread``) on the port it listens on (own_origin). A request
     without an Origin (Prefect's clients, its workers, curl) is not a page's. ``own_port``: the Host must name the
-    port the server listens on too (a server no proxy stands in front of: flows.team_app.temporary_app)."""
+    port the server listens on too (a server no proxy stands in front of: flows.team_app.temporary_app).
+    ``credentials``: the server's sign-in, where it has one: a client of the network whose wrong sign-ins
+    (an Authorization header, a websocket's sign-in message) ``throttle`` locks out gets 429 (its websocket closed
+    at the handshake) until the lockout ends, its sign-in unchecked; a client on this machine (loopback, once
+    uvicorn took a local proxy's X-Forwarded-For) is never locked out: the server's worker and flow runs speak
+    from there, and a guesser of the network could otherwise stop them."""
 
     def __init__(self, app: ASGIApp, names: Iterable[str], signed_in: bool, origins: Iterable[str] = (),
-                 reread: Callable[[], Iterable[str]] | None = None, own_port: bool = False) -> None:
+                 reread: Callable[[], Iterable[str]] | None = None, own_port: bool = False,
+                 credentials: Credentials | None = None, throttle: SignInThrottle | None = None) -> None:
         self.app, self.hosts, self.signed_in = app, HostCheck(names, reread, own_port=own_port), signed_in
+        self.credentials, self.throttle = credentials, throttle or SignInThrottle()
         origins = [origin.strip() for origin in origins if origin.strip()]
         if "*" in origins:
             raise ValueError("the origin '*' would let a page of any site change things and open websockets")
@@ -262,11 +276,11 @@ class Front:
             return
         refused = await self.hosts.refused(scope)
         if scope["type"] == "websocket":
-            if refused is not None or self.foreign(scope):
-                await send({"type": "websocket.close", "code": 1008,
-                            "reason": REBINDING if refused is not None else FOREIGN})
+            if refused is not None or self.foreign(scope) or self._locked_out(scope) > 0:
+                reason = REBINDING if refused is not None else FOREIGN if self.foreign(scope) else LOCKED_OUT
+                await send({"type": "websocket.close", "code": 1008, "reason": reason})
                 return
-            await self.app(scope, self._checked_first(receive), send)
+            await self.app(scope, self._checked_first(receive, scope), send)
             return
 
         async def with_headers(message: Any) -> None:
@@ -286,12 +300,44 @@ class Front:
             await answer(with_headers, 401, json.dumps({"exception_message": "Unauthorized"}).encode(),
                          b"application/json")
             return
+        if self.signed_in and given:  # one, well-formed (above); a request without a sign-in is no guess
+            if (wait := self._locked_out(scope)) > 0:
+                await answer(with_headers, 429, json.dumps({"exception_message": LOCKED_OUT}).encode(),
+                             b"application/json", [(b"retry-after", str(math.ceil(wait)).encode())])
+                return
+            self._counted(scope, base64.b64decode(given[0].split()[1]))
         await self.app(scope, receive, with_headers)
 
-    @staticmethod
-    def _checked_first(receive: Receive) -> Receive:
+    def _throttled_client(self, scope: Scope) -> str | None:
+        """The client whose sign-ins are counted: None without credentials, or for one on this machine."""
+        if self.credentials is None:
+            return None
+        client = str((scope.get("client") or ("unknown", 0))[0])
+        try:
+            address = ipaddress.ip_address(client.split("%")[0])
+        except ValueError:
+            return client
+        mapped = getattr(address, "ipv4_mapped", None)
+        return None if address.is_loopback or (mapped is not None and mapped.is_loopback) else client
+
+    def _locked_out(self, scope: Scope) -> float:
+        client = self._throttled_client(scope)
+        return self.throttle.wait_s(client) if client is not None else 0.0
+
+    def _counted(self, scope: Scope, given: bytes) -> None:
+        """A sign-in ``given`` (user:password) of the request's client, counted right or wrong."""
+        client = self._throttled_client(scope)
+        if client is None or self.credentials is None:
+            return
+        if hmac.compare_digest(given, self.credentials.auth_string.encode("utf-8")):
+            self.throttle.succeeded(client)
+        else:
+            self.throttle.failed(client, given)
+
+    def _checked_first(self, receive: Receive, scope: Scope) -> Receive:
         """``receive`` with a first message Prefect cannot read without a traceback (first_message_ok) made an
-        invalid one, which Prefect refuses (1008) as any wrong one; with or without a sign-in."""
+        invalid one, which Prefect refuses (1008) as any wrong one; with or without a sign-in. A sign-in message's
+        token is counted, right or wrong (a websocket is a way to guess the password too)."""
         first = [True]
 
         async def checked() -> Any:
@@ -300,12 +346,17 @@ class Front:
                 first[0] = False
                 if not first_message_ok(message):
                     message = {"type": "websocket.receive", "text": json.dumps({"type": "invalid"}), "bytes": None}
+                else:
+                    token = json.loads(message["text"]).get("token")
+                    if isinstance(token, str) and token:
+                        self._counted(scope, token.encode("ascii"))
             return message
 
         return checked
 
 
-async def answer(send: Send, status: int, body: bytes, content_type: bytes) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]})
+async def answer(send: Send, status: int, body: bytes, content_type: bytes,
+                 extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", content_type), (b"content-length", str(len(body)).encode()), *(extra or [])]})
     await send({"type": "http.response.body", "body": body})

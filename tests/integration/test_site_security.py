@@ -153,15 +153,20 @@ def test_wrong_sign_ins_are_throttled_per_client(site: tuple[SiteServer, Path]) 
     server, _root = site
     clock = Clock()
     server.server.config.app.throttle = SignInThrottle(free=3, first_delay_s=30.0, clock=clock)
-    wrong, right = basic("lab:guess-number-000001"), basic(AUTH)
+    right = basic(AUTH)
+
+    def wrong(n: int) -> dict[str, str]:  # each a new guess: the same wrong one again is none
+        return basic(f"lab:guess-number-{n:06}")
+
     assert send(server.port, "/", {}).status == 401  # a browser's first request, without any: no guess
-    assert [send(server.port, "/", wrong).status for _ in range(4)] == [401, 401, 401, 401]
+    assert [send(server.port, "/", wrong(1)).status for _ in range(3)] == [401, 401, 401]  # one guess
+    assert [send(server.port, "/", wrong(n)).status for n in range(2, 5)] == [401, 401, 401]
     locked = send(server.port, "/", right)
     assert locked.status == 429 and locked.getheader("Retry-After") == "30"  # the right one is not even checked
     assert send(server.port, "/", right, source="127.0.0.2").status == 200  # another client is not locked out
     clock.now += 30
     assert send(server.port, "/", right).status == 200
-    assert [send(server.port, "/", wrong).status for _ in range(3)] == [401, 401, 401]  # cleared by the right one
+    assert [send(server.port, "/", wrong(n)).status for n in range(5, 8)] == [401, 401, 401]  # cleared by the right one
 
 
 def test_a_runs_own_files_are_sandboxed_and_run_no_script(site: tuple[SiteServer, Path]) -> None:

@@ -1381,3 +1381,63 @@ def test_the_watcher_keeps_no_copy_of_the_listening_socket_it_hands_on(tmp_path:
     finally:
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()
+
+
+def test_wrong_sign_ins_to_prefects_api_are_throttled_per_client_as_the_sites() -> None:
+    """Prefect's API takes the same password as the results site but counted no wrong one: a guesser left the
+    site's throttle for the API's port. Through the front, a client of the network that sent too many wrong
+    sign-ins (in an Authorization header, or a websocket's sign-in message) gets 429 and Retry-After, its
+    websocket closed at the handshake, until its lockout ends; a request without a sign-in (the UI's files,
+    /api/health) is no guess and passes. A client on this machine is never locked out: the server's worker and
+    flow runs speak from there (a proxy that names no X-Forwarded-For would make every browser one of them)."""
+    import base64
+    import json
+
+    from flagperf.site.auth import Credentials, SignInThrottle
+    from flagperf.site.front import Front
+
+    class Clock:
+        now = 100.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    async def prefect(scope: dict, receive: object, send: object) -> None:  # reads a websocket's sign-in message
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.accept"})  # type: ignore[operator]
+            await receive()  # type: ignore[operator]
+            return
+        await accepting_app(scope, receive, send)
+
+    clock = Clock()
+    right = "lab:a-long-enough-password-42"
+    front = Front(prefect, ["lab"], signed_in=True, credentials=Credentials(right, "test"),
+                  throttle=SignInThrottle(free=2, first_delay_s=30.0, clock=clock))
+
+    def status(client: str, sign_in: str | None, path: str = "/api/flows/filter") -> tuple[int, dict]:
+        headers = [(b"host", b"lab:4200")]
+        if sign_in is not None:
+            headers.append((b"authorization", b"Basic " + base64.b64encode(sign_in.encode())))
+        said = drive(front, {"type": "http", "method": "GET", "path": path, "headers": headers,
+                             "client": (client, 5000)})
+        return said[0]["status"], dict(said[0]["headers"])
+
+    def websocket(client: str, token: str) -> object:
+        first = {"type": "websocket.receive", "text": json.dumps({"type": "auth", "token": token})}
+        return answered(drive(front, {"type": "websocket", "path": "/api/events/out", "headers": [
+            (b"host", b"lab:4200")], "client": (client, 5000)}, [first]))
+
+    guesser = "10.0.0.66"
+    assert [status(guesser, f"lab:guess-{n}")[0] for n in range(2)] == [200, 200]  # Prefect answers them (401)
+    assert websocket(guesser, "lab:guess-ws") == "websocket.accept"  # the third: locked out from now
+    locked, headers = status(guesser, right)
+    assert locked == 429 and headers[b"retry-after"] == b"30"
+    assert websocket(guesser, right) == 1008
+    assert status(guesser, None, "/api/health")[0] == 200  # no sign-in given: no guess, nothing to refuse
+    assert status("10.0.0.7", right)[0] == 200  # another client
+    for _ in range(5):
+        assert status("127.0.0.1", "lab:wrong-again")[0] == 200  # this machine's: Prefect answers 401
+    assert status("127.0.0.1", right)[0] == 200
+    clock.now += 30
+    assert status(guesser, right)[0] == 200  # the lockout over, the right one clears the count
+    assert status(guesser, "lab:guess-3")[0] == 200

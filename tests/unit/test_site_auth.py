@@ -170,3 +170,31 @@ def test_a_credentials_file_too_large_is_one_line_that_shows_none_of_it(tmp_path
                                f"{MAX_AUTH_FILE_BYTES} bytes; not read")
     path.write_bytes(body[:MAX_AUTH_FILE_BYTES])  # at the limit: read, and judged as any other
     assert find_credentials(path).auth_string == body[:MAX_AUTH_FILE_BYTES].decode()
+
+
+def test_the_addresses_of_one_ipv6_network_are_one_client() -> None:
+    """An attacker given an IPv6 /64 (every host of a LAN segment is) has 2**64 addresses: counted per address,
+    each got its free tries, and enough of them pushed the locked ones out of the table. A /64 is one client; an
+    IPv4 address, and an IPv4 one mapped into IPv6, stays its own."""
+    throttle = SignInThrottle(free=2, first_delay_s=60.0, clock=Clock())
+    for n in range(3):
+        throttle.failed(f"2001:db8:1:2::{n + 1:x}")
+    assert throttle.wait_s("2001:db8:1:2:ffff::9") == 60.0
+    assert throttle.wait_s("2001:db8:1:3::1") == 0.0  # another network
+    for n in range(3):
+        throttle.failed(f"10.0.0.{n}")
+    assert throttle.wait_s("10.0.0.9") == 0.0 and throttle.wait_s("::ffff:10.0.0.9") == 0.0
+    throttle.failed("::ffff:10.0.0.7")
+    throttle.failed("10.0.0.7")
+    assert throttle.wait_s("10.0.0.7") == 0.0 and throttle.failed("::ffff:10.0.0.7") == 60.0
+
+
+def test_the_same_wrong_sign_in_again_is_no_new_guess() -> None:
+    """A browser or the Prefect UI that keeps sending an old password (after the password was changed) is one
+    wrong guess, not one per request: it was locked out for up to 15 minutes, the right password with it. A
+    different wrong one is a guess again."""
+    throttle = SignInThrottle(free=1, first_delay_s=10.0, clock=Clock())
+    assert [throttle.failed("10.0.0.9", b"lab:old-password") for _ in range(5)] == [0.0] * 5
+    assert throttle.wait_s("10.0.0.9") == 0.0
+    assert throttle.failed("10.0.0.9", b"lab:guess-1") == 10.0
+    assert throttle.failed("10.0.0.9", b"lab:old-password") == 20.0
