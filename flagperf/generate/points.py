@@ -24,6 +24,9 @@ figure below is one Metric of result.json; docs/serving.md repeats the table.
   goodput_fraction                  requests meeting every SLO / all timed requests (failed ones included)
   slo_p99_met                       1 when p99 TTFT <= slo.ttft_s and p99 TPOT <= slo.tpot_s (and p99 E2EL
                                     <= slo.e2el_s when given) and no request failed, else 0 (MLPerf's check)
+  mean_concurrency, peak_concurrency  open loop only: the requests in flight it achieved, sum of E2EL of the successful
+                                    requests / the point's duration (SGLang's concurrency), and the most in flight at
+                                    once, every request's send to its end (vLLM counts per whole second)
   slo_p99_confident                 1 when slo_p99_met and each bounded latency has as many requests as MLPerf
                                     LoadGen's early stopping needs for a p99 at 99 % confidence (459 with none over)
   failed_requests                   requests with an error (HTTP status, error event, a stream that broke off
@@ -106,6 +109,11 @@ CONVENTIONS = {
     "slo_p99_confident": "1 when slo_p99_met is 1 and the point has as many requests as MLPerf LoadGen's early "
                          "stopping needs for each bounded p99 (TTFT, TPOT, E2EL when bounded), else 0; "
                          f"{EARLY_STOPPING}",
+    "mean_concurrency": f"open loop: requests in flight on average, the E2EL of the successful timed requests summed / "
+                        f"{DURATION} (SGLang bench_serving's concurrency)",
+    "peak_concurrency": "open loop: the most timed requests in flight at once, each from its send to its end (failed "
+                        "ones included, client perf_counter); vLLM's bench serve counts the requests active in each "
+                        "whole second, so its peak can be higher",
     "output_tokens_per_s_per_device": "output_tokens_per_s / devices (tensor_parallel x nodes, or the endpoint's "
                                       "devices)",
     "requests_per_s": f"successful timed requests / {DURATION}",
@@ -276,6 +284,8 @@ class PointStats:
     chunked_tokens: int = 0  # the output tokens of those same requests
     chunk_counted: int = 0  # successful requests with output counted in chunks (no usage, no tokenizer): left out
     early_stopping: dict[str, EarlyStopping] | None = None  # by bound (ttft, tpot, e2el): MLPerf's count
+    mean_concurrency: float | None = None  # open loop: sum of the successful requests' E2EL / seconds
+    peak_concurrency: int | None = None  # open loop: the most requests in flight at once
 
     @property
     def tokens_per_chunk(self) -> float | None:
@@ -299,6 +309,22 @@ class PointStats:
                 and (slo.e2el_s is None or (self.e2el is not None and self.e2el.p99 <= slo.e2el_s)))
 
 
+def peak_in_flight(records: list[RequestRecord]) -> int | None:
+    """The most requests in flight at once, each from its send to its end (perf_counter offsets); None where a record
+    lacks its offsets (written before send_offset_s)."""
+    if any(r.send_offset_s is None or r.e2el_s is None for r in records):
+        return None
+    # At one instant an end comes before a send (-1 sorts first): a request that ended as another was sent is not
+    # counted with it.
+    events = sorted([(r.send_offset_s or 0.0, 1) for r in records]
+                    + [((r.send_offset_s or 0.0) + (r.e2el_s or 0.0), -1) for r in records])
+    peak = in_flight = 0
+    for _, step in events:
+        in_flight += step
+        peak = max(peak, in_flight)
+    return peak
+
+
 def point_stats(label: str, records: list[RequestRecord], seconds: float, slo: SloBounds) -> PointStats:
     if not records or seconds <= 0:
         raise ValueError("a point needs requests and a positive duration")
@@ -320,12 +346,15 @@ def point_stats(label: str, records: list[RequestRecord], seconds: float, slo: S
     # Output counted in chunks (no usage, no tokenizer) is a token per chunk by construction: those requests say
     # nothing of how many tokens a chunk carried.
     chunked = [r for r in timed if r.chunk_times_s]
+    open_loop = any(r.scheduled_offset_s is not None for r in records)  # what the load achieved is not set there
     counted = [r for r in chunked if r.output_tokens_usage is not None
                or r.output_counted_by == OUTPUT_COUNTED_BY_TOKENIZER]
     return PointStats(
         input_tokens=sum(r.prompt_tokens for r in done), output_chunks=sum(len(r.chunk_times_s) for r in counted),
         chunked_tokens=sum(r.output_tokens for r in counted), chunk_counted=len(chunked) - len(counted),
         early_stopping=bounded or None,
+        mean_concurrency=sum(e2els) / seconds if open_loop else None,
+        peak_concurrency=peak_in_flight(records) if open_loop else None,
         label=label, requests=len(records), succeeded=len(done), failed=len(records) - len(done),
         truncated=sum(1 for r in records if is_truncated(r)),
         empty=sum(1 for r in done if r.output_tokens == 0), mismatched=len(output_off | prompt_off),
@@ -412,6 +441,16 @@ def point_metrics(stats: PointStats, window: tuple[float, float], devices: int, 
                f"requests whose client token count differs from the server's usage ({stats.output_mismatched} by "
                f"the output, {stats.prompt_mismatched} by the prompt)"),
     ]
+    if stats.mean_concurrency is not None:
+        metrics.append(Metric(name=metric_name("mean_concurrency", label), value=stats.mean_concurrency,
+                              unit="requests", iterations=stats.succeeded, measured_seconds=seconds, statistic="mean",
+                              convention=CONVENTIONS["mean_concurrency"],
+                              note=f"sum of E2EL of {stats.succeeded} successful requests / {seconds:.4g} s"))
+    if stats.peak_concurrency is not None:
+        metrics.append(Metric(name=metric_name("peak_concurrency", label), value=float(stats.peak_concurrency),
+                              unit="requests", iterations=stats.requests, measured_seconds=seconds,
+                              statistic="single", convention=CONVENTIONS["peak_concurrency"],
+                              note=f"the most of {stats.requests} timed requests in flight at once"))
     if stats.per_user is not None:
         p = stats.per_user
         metrics.append(Metric(name=metric_name("tokens_per_s_per_user", label), value=p.mean, unit="tokens/s",

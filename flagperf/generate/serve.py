@@ -1489,6 +1489,9 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                     "tokens_per_chunk": (round(stats.tokens_per_chunk, 4) if stats.tokens_per_chunk is not None
                                          else None),
                     "early_stopping": {what: e.as_json() for what, e in (stats.early_stopping or {}).items()},
+                    "mean_concurrency": (round(stats.mean_concurrency, 4) if stats.mean_concurrency is not None
+                                         else None),
+                    "peak_concurrency": stats.peak_concurrency,
                     "send_rate": rates})
                 ttft = f"{stats.ttft.p50 * 1e3:.1f} ms" if stats.ttft else "-"
                 tpot = f"{stats.tpot.p50 * 1e3:.2f} ms" if stats.tpot else "-"

@@ -487,6 +487,14 @@ def _verdict(point: ServingPoint) -> str:
     return word + (f" ({'; '.join(said)})" if said else "")
 
 
+def _in_flight(point: ServingPoint) -> str:
+    """What an open loop achieved: requests in flight on average, and at most (means over rounds); "-" elsewhere."""
+    mean, peak = point.figure("mean_concurrency"), point.figure("peak_concurrency")
+    if mean is None:
+        return "-"
+    return _num(mean) + (f" (peak {_num(peak)})" if peak is not None else "")
+
+
 def _goodput(point: ServingPoint) -> str:
     if point.goodput is None:
         return "-"
@@ -562,7 +570,8 @@ def _p50_p99(point: ServingPoint, what: str) -> str:
 THROUGHPUT_HEADER = ["case", "concurrency (requests in flight)", "offered rate (requests/s)",
                      "requests (failed, truncated, empty, mismatched)", "output tokens/s", "output tokens/s per device",
                      "tokens/s per user", "interactivity (tokens/s per user: 1 / mean TPOT)", "completed requests/s",
-                     "goodput requests/s (fraction)", "SLO p99", "MFU (%)", "J per output token",
+                     "requests in flight, open loop: mean (peak)", "goodput requests/s (fraction)", "SLO p99",
+                     "MFU (%)", "J per output token",
                      "quality (0 to 1)", "rounds"]
 LATENCY_HEADER = ["case", "concurrency (requests in flight)", "offered rate (requests/s)", "TTFT ms p50/p90/p99",
                   "TPOT ms p50/p90/p99", "ITL ms p50/p90/p99", "E2EL ms p50/p90/p99"]
@@ -633,7 +642,7 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None, loaded: Iterable[
                       "requests only: " + ", ".join(f"{p.case} {p.label}" for p in flagged) + "."]
     lines += ["", *_table(THROUGHPUT_HEADER, [
         [*_where(p), _requests(p), _num(p.figure("output_tokens_per_s")), _num(p.per_device),
-         _per_user(p), _num(p.interactivity), _num(p.figure("requests_per_s")),
+         _per_user(p), _num(p.interactivity), _num(p.figure("requests_per_s")), _in_flight(p),
          _goodput(p), _verdict(p), _mfu(p), _num(p.energy_per_token_j), _quality(p), _rounds(p)] for p in points])]
     lines += ["", *_table(LATENCY_HEADER, [[*_where(p), _triple(p, "ttft_s"), _triple(p, "tpot_s"),
                                             _triple(p, "itl_s"), _triple(p, "e2el_s")] for p in points])]

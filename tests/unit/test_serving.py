@@ -224,6 +224,26 @@ def test_total_token_throughput_counts_the_prompts_as_the_server_did() -> None:
     assert m["itl_s@c2"].note.endswith("; 33 output tokens in 33 chunks, 1 per chunk")
 
 
+def test_an_open_loop_point_says_how_many_requests_it_had_in_flight() -> None:
+    """An open loop's achieved concurrency: SGLang's mean (sum of E2EL / the duration) and the most in flight at once;
+    a request that ends as another is sent is not in flight with it. A closed loop sets its own: none."""
+    records = [trace(0.2, 0.08, 11) for _ in range(3)]  # E2EL 1.0 s each, sent 0.5 s apart
+    for n, record in enumerate(records):
+        record.send_offset_s = record.scheduled_offset_s = 0.5 * n
+    stats = point_stats("r2", records, 2.0, Bounds)
+    assert (stats.mean_concurrency, stats.peak_concurrency) == (pytest.approx(1.5), 2)
+    m = {x.name: x for x in point_metrics(stats, (0.0, 2.0), 1, Bounds, "open loop")}
+    assert (m["mean_concurrency@r2"].value, m["peak_concurrency@r2"].value) == (pytest.approx(1.5), 2.0)
+    records[2].send_offset_s = 0.99  # now all three overlap
+    assert point_stats("r2", records, 2.0, Bounds).peak_concurrency == 3
+    for record in records:
+        record.scheduled_offset_s = None
+    closed = point_stats("c2", records, 2.0, Bounds)
+    assert (closed.mean_concurrency, closed.peak_concurrency) == (None, None)
+    assert not any(x.name.startswith(("mean_concurrency", "peak_concurrency"))
+                   for x in point_metrics(closed, (0.0, 2.0), 1, Bounds, "closed loop"))
+
+
 def test_tokens_per_chunk_counts_only_outputs_counted_in_tokens() -> None:
     """Output counted in chunks (no usage, no tokenizer) is a token per chunk by construction: such requests are left
     out of tokens_per_chunk, which is unknown where every request was; the server's usage counts whatever the

@@ -211,6 +211,15 @@ def test_a_met_verdict_says_when_its_requests_were_too_few_for_mlperfs_early_sto
     assert verdicts(None) == "met"  # a result from before slo_p99_confident
     assert verdicts(1.0, 0.0) == f"met (2/2 rounds; {short})"
     assert verdicts(1.0, None) == "met (2/2 rounds)"  # one round says nothing: not claimed either way
+    # An open-loop point's row says the requests it had in flight: the mean (SGLang's) and the peak.
+    run = tmp_path / "open"
+    records = [request(i, "r2", 0.1, 0.05) for i in range(3)]  # E2EL 0.3 s each
+    for n, record in enumerate(records):
+        record.send_offset_s = record.scheduled_offset_s = 0.2 * n
+    write_round(run, "serve-case", serving_metrics("r2", records, T0, 0.75),
+                {"engine": "e", "precision": "bf16", "slo": SLO})
+    _, paths = build_report(run)
+    assert "| 20 | 4 | 1.2 (peak 2) | 4 (100.0%) |" in paths["markdown"].read_text()  # 0.9 s / 0.75 s
     # A missed verdict is read without its confidence.
     run = tmp_path / "missed"
     write_round(run, "serve-case", [Metric(name="slo_p99_met@c1", value=0.0, unit="bool"),
