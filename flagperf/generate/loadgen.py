@@ -53,6 +53,9 @@ import httpx
 
 REQUESTS_FILE = "requests.jsonl"
 ERROR_TEXT_LIMIT = 300
+# RequestRecord.output_counted_by: the model folder's tokenizer counted the output, or (none) its chunks did
+OUTPUT_COUNTED_BY_TOKENIZER = "tokenizer"
+OUTPUT_COUNTED_IN_CHUNKS = "chunks"
 ERROR_PAGE_BYTES = 64 * 1024  # of a refused request's page: what the error quotes, with room to mask the key in
 # One line of the event stream: a streamed chunk is a few hundred bytes (a usage event, a long chunk of text, a
 # few KiB); far above any real one, and a bound on what an endpoint that never sends a line end makes us hold.
@@ -177,6 +180,7 @@ class RequestRecord:
     prompt_wait_s: float | None = None
     reconnected_after: str | None = None
     failed_try_s: float | None = None
+    output_counted_by: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -482,6 +486,7 @@ def _error_text(exc: Exception, target: Target) -> str:
 def _count_output(record: RequestRecord, count_tokens: TokenCounter) -> None:
     record.reasoning_tokens_client = count_tokens(record.reasoning_text) if record.reasoning_text else 0
     record.output_tokens_client = count_tokens(record.output_text) + record.reasoning_tokens_client
+    record.output_counted_by = OUTPUT_COUNTED_BY_TOKENIZER
 
 
 async def count_output(record: RequestRecord, count_tokens: TokenCounter | None, counting: Executor | None = None
@@ -496,6 +501,7 @@ async def count_output(record: RequestRecord, count_tokens: TokenCounter | None,
         else:
             record.reasoning_tokens_client = record.reasoning_chunks
             record.output_tokens_client = len(record.chunk_times_s)
+            record.output_counted_by = OUTPUT_COUNTED_IN_CHUNKS
     return record
 
 

@@ -24,6 +24,9 @@ figure below is one Metric of result.json; docs/serving.md repeats the table.
   goodput_fraction                  requests meeting every SLO / all timed requests (failed ones included)
   slo_p99_met                       1 when p99 TTFT <= slo.ttft_s and p99 TPOT <= slo.tpot_s (and p99 E2EL
                                     <= slo.e2el_s when given) and no request failed, else 0 (MLPerf's check)
+  mean_concurrency, peak_concurrency  open loop only: the requests in flight it achieved, sum of E2EL of the successful
+                                    requests / the point's duration (SGLang's concurrency), and the most in flight at
+                                    once, every request's send to its end (vLLM counts per whole second)
   slo_p99_confident                 1 when slo_p99_met and each bounded latency has as many requests as MLPerf
                                     LoadGen's early stopping needs for a p99 at 99 % confidence (459 with none over)
   failed_requests                   requests with an error (HTTP status, error event, a stream that broke off
@@ -52,7 +55,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from flagperf.generate.loadgen import RequestRecord
+from flagperf.generate.loadgen import OUTPUT_COUNTED_BY_TOKENIZER, RequestRecord
 from flagperf.results.metrics import LATENCY_PERCENTILES, LatencyStats, latency_stats, latency_tail, percentile
 from flagperf.results.schema import Metric
 from flagperf.results.serving import FAILED_FLAG_FRACTION
@@ -83,14 +86,22 @@ INPUT_TOKENS = ("input tokens of a request: the server's usage.prompt_tokens (th
 # p99 verdict needs at 99 % confidence, given how many were over the bound. The numbers are LoadGen's; the code is ours.
 EARLY_STOPPING_PERCENTILE = 0.99
 EARLY_STOPPING_CONFIDENCE = 0.99
-EARLY_STOPPING_MAX_OVER = 100_000  # past this many requests over a bound, the count needed is not worked out
+EARLY_STOPPING_MAX_OVER = 10_000  # past this many requests over a bound, the count needed is not worked out
 EARLY_STOPPING = ("MLPerf LoadGen's early stopping (Server): with t requests over a bound, a p99 verdict at 99 % "
                   "confidence needs n >= h + t requests, h the least for which t or fewer over in h + t would have a "
                   "chance under 1 % were 1 % over (459 with none over)")
 # A server may send several tokens in one chunk (speculative decoding, a stream interval): ITL is then per chunk, as
-# vLLM's bench serve counts it, while SGLang's bench_serving spreads a chunk's gap over its tokens and GenAI-Perf's
-# "inter token latency" is per token (this project's TPOT). Past this many output tokens per chunk the point says so.
+# vLLM's bench serve counts it and SGLang's bench_serving does with its OpenAI-compatible backends (sglang-oai, vllm:
+# a gap per chunk with text); only its native --backend sglang client (/generate) spreads a chunk's gap over the
+# chunk's tokens (meta_info.completion_tokens). GenAI-Perf's and AIPerf's "inter token latency" is per token (this
+# project's TPOT). From this many output tokens per chunk on average the point's itl_s warns (PER_CHUNK_ITL).
 TOKENS_PER_CHUNK_FLAG = 1.1
+# itl_s's warning where chunks bundle tokens: the same text at every point and round (the counts are in its note), so
+# the run report says it once; "per chunk" is the phrase the report's next steps know it by (WARNING_STEPS).
+PER_CHUNK_ITL = ("the server sent several output tokens per chunk (the note says how many): each ITL gap is per "
+                 "chunk, as vLLM's bench serve and SGLang's bench_serving with an OpenAI-compatible backend count it; "
+                 "SGLang's bench_serving with its native sglang backend (/generate) spreads a chunk's gap over its "
+                 "tokens, and GenAI-Perf's and AIPerf's inter token latency is per token: compare those with tpot_s")
 CONVENTIONS = {
     "output_tokens_per_s": f"output tokens of the successful timed requests / {DURATION}; {OUTPUT_TOKENS}",
     "total_tokens_per_s": f"input and output tokens of the successful timed requests / {DURATION} (vLLM's total token "
@@ -98,6 +109,11 @@ CONVENTIONS = {
     "slo_p99_confident": "1 when slo_p99_met is 1 and the point has as many requests as MLPerf LoadGen's early "
                          "stopping needs for each bounded p99 (TTFT, TPOT, E2EL when bounded), else 0; "
                          f"{EARLY_STOPPING}",
+    "mean_concurrency": f"open loop: requests in flight on average, the E2EL of the successful timed requests summed / "
+                        f"{DURATION} (SGLang bench_serving's concurrency)",
+    "peak_concurrency": "open loop: the most timed requests in flight at once, each from its send to its end (failed "
+                        "ones included, client perf_counter); vLLM's bench serve counts the requests active in each "
+                        "whole second, so its peak can be higher",
     "output_tokens_per_s_per_device": "output_tokens_per_s / devices (tensor_parallel x nodes, or the endpoint's "
                                       "devices)",
     "requests_per_s": f"successful timed requests / {DURATION}",
@@ -125,8 +141,10 @@ CONVENTIONS = {
               f"1-token requests left out; {OUTPUT_TOKENS}; {PERCENTILES}; {BATCH} is (last token - first token) / "
               "(output tokens - 1)",
     "itl_s": f"inter-token latency: every gap between consecutive output chunks of a successful request, pooled (a "
-             "chunk may carry several tokens: then a gap is per chunk, as vLLM's bench serve counts it, not per token "
-             "as SGLang's bench_serving spreads it; the note says the point's output tokens per chunk); "
+             "chunk may carry several tokens: then a gap is per chunk, as vLLM's bench serve and SGLang's "
+             "bench_serving with an OpenAI-compatible backend count it, not per token as SGLang's native sglang "
+             "backend spreads it; the note says the point's output tokens per chunk, counted over the requests whose "
+             "output tokens the server's usage or a tokenizer counted); "
              f"{OUTPUT_CHUNK}; {PERCENTILES}; {BATCH} gaps are between tokens as the engine hands them out",
     "e2el_s": "end-to-end latency: send to the end of the response stream (its last event), client perf_counter; "
               f"successful requests; {PERCENTILES}; {RESENT}; {BATCH} ends at the request's last token, from its "
@@ -188,7 +206,8 @@ def is_truncated(record: RequestRecord) -> bool:
 @dataclass(frozen=True)
 class EarlyStopping:
     """MLPerf LoadGen's early stopping for one bounded latency: of ``requests``, ``over`` were over the bound, and a p99
-    verdict at 99 % confidence needs ``needed`` requests (None: more than EARLY_STOPPING_MAX_OVER were over)."""
+    verdict at 99 % confidence needs ``needed`` requests (None: not worked out, where more than 1 % of the requests
+    were over, which no count this point has can pass, or more than EARLY_STOPPING_MAX_OVER)."""
 
     requests: int
     over: int
@@ -232,7 +251,11 @@ def early_stopping_needed(over: int, percentile: float = EARLY_STOPPING_PERCENTI
 
 def early_stopping(values: list[float], bound: float) -> EarlyStopping:
     over = sum(1 for v in values if v > bound)  # LoadGen counts a latency over its target, not at it
-    return EarlyStopping(requests=len(values), over=over, needed=early_stopping_needed(over))
+    # More than 1 % of n over: t or fewer over in n has a chance of a half or more were 1 % over (t is past the
+    # binomial's median), so n is short of what t needs and the verdict fails whatever that is: not worked out (its
+    # cost grows with t).
+    beyond = over > (1.0 - EARLY_STOPPING_PERCENTILE) * len(values)
+    return EarlyStopping(requests=len(values), over=over, needed=None if beyond else early_stopping_needed(over))
 
 
 @dataclass(frozen=True)
@@ -257,9 +280,12 @@ class PointStats:
     prompt_mismatched: int = 0  # of ``mismatched``: by the prompt's count
     output_mismatched: int = 0  # of ``mismatched``: by the output's count
     input_tokens: int = 0  # of the successful requests (RequestRecord.prompt_tokens)
-    output_chunks: int = 0  # of the successful requests with output: their chunk_times_s
+    output_chunks: int = 0  # of the successful requests whose output tokens were counted (usage, a tokenizer)
     chunked_tokens: int = 0  # the output tokens of those same requests
+    chunk_counted: int = 0  # successful requests with output counted in chunks (no usage, no tokenizer): left out
     early_stopping: dict[str, EarlyStopping] | None = None  # by bound (ttft, tpot, e2el): MLPerf's count
+    mean_concurrency: float | None = None  # open loop: sum of the successful requests' E2EL / seconds
+    peak_concurrency: int | None = None  # open loop: the most requests in flight at once
 
     @property
     def tokens_per_chunk(self) -> float | None:
@@ -268,7 +294,8 @@ class PointStats:
 
     @property
     def slo_p99_confident(self) -> bool:
-        return all(e.met for e in (self.early_stopping or {}).values())
+        """Every bounded latency has the requests MLPerf's early stopping needs; False with nothing to judge."""
+        return bool(self.early_stopping) and all(e.met for e in (self.early_stopping or {}).values())
 
     @property
     def failed_point(self) -> bool:
@@ -280,6 +307,22 @@ class PointStats:
             return False
         return (self.ttft.p99 <= slo.ttft_s and (self.tpot is None or self.tpot.p99 <= slo.tpot_s)
                 and (slo.e2el_s is None or (self.e2el is not None and self.e2el.p99 <= slo.e2el_s)))
+
+
+def peak_in_flight(records: list[RequestRecord]) -> int | None:
+    """The most requests in flight at once, each from its send to its end (perf_counter offsets); None where a record
+    lacks its offsets (written before send_offset_s)."""
+    if any(r.send_offset_s is None or r.e2el_s is None for r in records):
+        return None
+    # At one instant an end comes before a send (-1 sorts first): a request that ended as another was sent is not
+    # counted with it.
+    events = sorted([(r.send_offset_s or 0.0, 1) for r in records]
+                    + [((r.send_offset_s or 0.0) + (r.e2el_s or 0.0), -1) for r in records])
+    peak = in_flight = 0
+    for _, step in events:
+        in_flight += step
+        peak = max(peak, in_flight)
+    return peak
 
 
 def point_stats(label: str, records: list[RequestRecord], seconds: float, slo: SloBounds) -> PointStats:
@@ -300,9 +343,18 @@ def point_stats(label: str, records: list[RequestRecord], seconds: float, slo: S
         bounded["tpot"] = early_stopping(per_token, slo.tpot_s)
     if slo.e2el_s is not None and e2els:
         bounded["e2el"] = early_stopping(e2els, slo.e2el_s)
+    # Output counted in chunks (no usage, no tokenizer) is a token per chunk by construction: those requests say
+    # nothing of how many tokens a chunk carried.
+    chunked = [r for r in timed if r.chunk_times_s]
+    open_loop = any(r.scheduled_offset_s is not None for r in records)  # what the load achieved is not set there
+    counted = [r for r in chunked if r.output_tokens_usage is not None
+               or r.output_counted_by == OUTPUT_COUNTED_BY_TOKENIZER]
     return PointStats(
-        input_tokens=sum(r.prompt_tokens for r in done), output_chunks=sum(len(r.chunk_times_s) for r in timed),
-        chunked_tokens=sum(r.output_tokens for r in timed if r.chunk_times_s), early_stopping=bounded or None,
+        input_tokens=sum(r.prompt_tokens for r in done), output_chunks=sum(len(r.chunk_times_s) for r in counted),
+        chunked_tokens=sum(r.output_tokens for r in counted), chunk_counted=len(chunked) - len(counted),
+        early_stopping=bounded or None,
+        mean_concurrency=sum(e2els) / seconds if open_loop else None,
+        peak_concurrency=peak_in_flight(records) if open_loop else None,
         label=label, requests=len(records), succeeded=len(done), failed=len(records) - len(done),
         truncated=sum(1 for r in records if is_truncated(r)),
         empty=sum(1 for r in done if r.output_tokens == 0), mismatched=len(output_off | prompt_off),
@@ -355,7 +407,8 @@ def point_metrics(stats: PointStats, window: tuple[float, float], devices: int, 
                value=(stats.input_tokens + stats.output_tokens) / seconds, unit="tokens/s",
                iterations=stats.input_tokens + stats.output_tokens, measured_seconds=seconds, statistic="rate",
                convention=CONVENTIONS["total_tokens_per_s"],
-               note=f"({stats.input_tokens} input + {stats.output_tokens} output tokens) / {seconds:.4g} s"),
+               note=f"({stats.input_tokens} input + {stats.output_tokens} output tokens) / {seconds:.4g} s",
+               warning="; ".join(warnings) or None),
         Metric(name=metric_name("output_tokens_per_s_per_device", label), value=tokens_per_s / devices,
                unit="tokens/s", iterations=stats.output_tokens, measured_seconds=seconds, statistic="rate",
                convention=CONVENTIONS["output_tokens_per_s_per_device"],
@@ -388,6 +441,16 @@ def point_metrics(stats: PointStats, window: tuple[float, float], devices: int, 
                f"requests whose client token count differs from the server's usage ({stats.output_mismatched} by "
                f"the output, {stats.prompt_mismatched} by the prompt)"),
     ]
+    if stats.mean_concurrency is not None:
+        metrics.append(Metric(name=metric_name("mean_concurrency", label), value=stats.mean_concurrency,
+                              unit="requests", iterations=stats.succeeded, measured_seconds=seconds, statistic="mean",
+                              convention=CONVENTIONS["mean_concurrency"],
+                              note=f"sum of E2EL of {stats.succeeded} successful requests / {seconds:.4g} s"))
+    if stats.peak_concurrency is not None:
+        metrics.append(Metric(name=metric_name("peak_concurrency", label), value=float(stats.peak_concurrency),
+                              unit="requests", iterations=stats.requests, measured_seconds=seconds,
+                              statistic="single", convention=CONVENTIONS["peak_concurrency"],
+                              note=f"the most of {stats.requests} timed requests in flight at once"))
     if stats.per_user is not None:
         p = stats.per_user
         metrics.append(Metric(name=metric_name("tokens_per_s_per_user", label), value=p.mean, unit="tokens/s",
@@ -399,9 +462,7 @@ def point_metrics(stats: PointStats, window: tuple[float, float], devices: int, 
     for what, stats_of, note in (
             ("ttft_s", stats.ttft, "time to first token: first output chunk - send"),
             ("tpot_s", stats.tpot, "time per output token after the first: (E2EL - TTFT) / (tokens - 1)"),
-            ("itl_s", stats.itl, "inter-token latency: every gap between output chunks, pooled"
-                                 + (f"; {stats.tokens_per_chunk:.3g} output tokens per chunk"
-                                    if stats.tokens_per_chunk is not None else "")),
+            ("itl_s", stats.itl, f"inter-token latency: every gap between output chunks, pooled; {chunks_note(stats)}"),
             ("e2el_s", stats.e2el, "end-to-end latency: end of stream - send")):
         if stats_of is not None:
             metrics.append(_latency(metric_name(what, label), what, stats_of, seconds, note))
@@ -423,14 +484,26 @@ def point_metrics(stats: PointStats, window: tuple[float, float], devices: int, 
 
 def bundled_chunks(stats: PointStats) -> str | None:
     """Where the server sent several output tokens per chunk (speculative decoding, a stream interval), what that makes
-    of the point's ITL; None where it streamed about a token per chunk."""
+    of the point's ITL (PER_CHUNK_ITL, the same at every point); None where it streamed about a token per chunk, or
+    where that is unknown."""
     per_chunk = stats.tokens_per_chunk
-    if per_chunk is None or per_chunk < TOKENS_PER_CHUNK_FLAG:
-        return None
-    return (f"the server sent {stats.chunked_tokens} output tokens in {stats.output_chunks} chunks "
-            f"({per_chunk:.3g} per chunk): each ITL gap is per chunk, as vLLM's bench serve counts it, and spans "
-            "several tokens; SGLang's bench_serving spreads a chunk's gap over its tokens, and GenAI-Perf's inter "
-            "token latency is per token (tpot_s here): compare those with tpot_s")
+    return None if per_chunk is None or per_chunk < TOKENS_PER_CHUNK_FLAG else PER_CHUNK_ITL
+
+
+def _counted(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "s")
+
+
+def chunks_note(stats: PointStats) -> str:
+    """The point's output tokens per chunk, as itl_s's note and the log say it."""
+    per_chunk = stats.tokens_per_chunk
+    left_out = (f"; {_counted(stats.chunk_counted, 'request')} counted in chunks left out"
+                if stats.chunk_counted else "")
+    if per_chunk is None:
+        return ("output tokens per chunk unknown: output counted in chunks (no server usage, no tokenizer)"
+                if stats.chunk_counted else "no output chunk")
+    return (f"{_counted(stats.chunked_tokens, 'output token')} in {_counted(stats.output_chunks, 'chunk')}, "
+            f"{per_chunk:.3g} per chunk{left_out}")
 
 
 def _early_stopping_note(stats: PointStats) -> str:
@@ -438,7 +511,9 @@ def _early_stopping_note(stats: PointStats) -> str:
         return "no successful request: nothing to judge"
     return "MLPerf LoadGen's early stopping, requests a p99 verdict needs at 99 % confidence: " + "; ".join(
         f"{what.upper()}: {e.over} of {e.requests} over its bound, "
-        + (f"needs {e.needed}" if e.needed is not None else "too many over to work out")
+        + (f"needs {e.needed}" if e.needed is not None
+           else "more than 1 % over: needs more than it has" if e.over > (1.0 - EARLY_STOPPING_PERCENTILE) * e.requests
+           else "too many over to work out")
         for what, e in stats.early_stopping.items())
 
 

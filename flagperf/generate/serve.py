@@ -73,6 +73,7 @@ from flagperf.generate.loadgen import (
 from flagperf.generate.models import DTYPE, PRESETS, WORD_PREFIX, model_config, random_checkpoint
 from flagperf.generate.points import (
     bundled_chunks,
+    chunks_note,
     failed_point_message,
     failed_point_metrics,
     point_label,
@@ -1447,7 +1448,7 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                 for caution in cautions:
                     log.warning("point %s: %s", load.label, caution)
                 if (bundled := bundled_chunks(stats)) is not None:
-                    log.info("point %s: %s", load.label, bundled)
+                    log.info("point %s: %s (%s)", load.label, bundled, chunks_note(stats))
                 if point_reconnects:
                     log.warning("point %s: %d timed requests found their kept-alive connection closed by the server "
                                 "before any response and were sent once more on a fresh connection, each timed from "
@@ -1484,9 +1485,13 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                     "prompts_made_during": point.made_during,
                     "prompt_waits": sum(1 for r in run.records if r.prompt_wait_s), "reconnects": point_reconnects,
                     "unended_responses": unended,
-                    "output_chunks": stats.output_chunks,
-                    "tokens_per_chunk": round(stats.tokens_per_chunk, 4) if stats.tokens_per_chunk else None,
+                    "output_chunks": stats.output_chunks, "outputs_counted_in_chunks": stats.chunk_counted,
+                    "tokens_per_chunk": (round(stats.tokens_per_chunk, 4) if stats.tokens_per_chunk is not None
+                                         else None),
                     "early_stopping": {what: e.as_json() for what, e in (stats.early_stopping or {}).items()},
+                    "mean_concurrency": (round(stats.mean_concurrency, 4) if stats.mean_concurrency is not None
+                                         else None),
+                    "peak_concurrency": stats.peak_concurrency,
                     "send_rate": rates})
                 ttft = f"{stats.ttft.p50 * 1e3:.1f} ms" if stats.ttft else "-"
                 tpot = f"{stats.tpot.p50 * 1e3:.2f} ms" if stats.tpot else "-"

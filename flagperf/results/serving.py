@@ -79,6 +79,8 @@ class ServingPoint:
     output_tokens: int | None = None  # output tokens of the successful timed requests, summed over rounds
     slo_met_rounds: int = 0
     slo_rounds: int = 0  # rounds that gave a verdict (serving engines)
+    confident_rounds: int = 0  # rounds whose slo_p99_confident is 1 (MLPerf's early-stopping count met)
+    confident_known: int = 0  # rounds that carry slo_p99_confident (results before it have none)
     slo: dict[str, Any] | None = None
     energy_per_token_j: float | None = None
     server: dict[str, float] = field(default_factory=dict)  # the server's Prometheus figures, mean over rounds
@@ -191,6 +193,16 @@ class ServingPoint:
         return None if not self.slo_rounds else self.slo_met_rounds == self.slo_rounds
 
     @property
+    def slo_confident(self) -> bool | None:
+        """Every round had the requests MLPerf's early stopping needs for its p99 verdict; False where a round that
+        says had too few; None where no round, or not every round, says (results before slo_p99_confident)."""
+        if not self.confident_known:
+            return None
+        if self.confident_rounds < self.confident_known:
+            return False
+        return True if self.confident_known == self.slo_rounds else None
+
+    @property
     def goodput(self) -> float | None:
         return self.figure("goodput_requests_per_s")
 
@@ -255,6 +267,9 @@ def serving_points(run_dir: Path, rows: pd.DataFrame | None = None,
                 elif what == "slo_p99_met":
                     point.slo_rounds += 1
                     point.slo_met_rounds += m.value >= 1.0
+                elif what == "slo_p99_confident":
+                    point.confident_known += 1
+                    point.confident_rounds += m.value >= 1.0
             if not {"goodput_fraction", "failed_fraction"} & {w for w, _ in metrics}:  # a batch engine: all succeeded
                 served = next((m.iterations for w, m in metrics if w == "requests_per_s"), None)
                 if served is not None:
@@ -456,13 +471,28 @@ def _per_user(point: ServingPoint) -> str:
     return _num(point.figure("tokens_per_s_per_user")) + (f" (p10 {_num(p10)})" if p10 is not None else "")
 
 
+# A p99 met on fewer requests than MLPerf LoadGen's early stopping needs (slo_p99_confident 0): met, not publishable.
+NOT_CONFIDENT = "not confident: fewer requests than MLPerf's early stopping needs"
+
+
 def _verdict(point: ServingPoint) -> str:
     if point.failed_point:
         return "**failed**"
     if point.slo_met is None:
         return "-"
     word = "met" if point.slo_met else "**missed**"
-    return word if point.slo_rounds == 1 else f"{word} ({point.slo_met_rounds}/{point.slo_rounds} rounds)"
+    said = [] if point.slo_rounds == 1 else [f"{point.slo_met_rounds}/{point.slo_rounds} rounds"]
+    if point.slo_met and point.slo_confident is False:  # a missed verdict needs no confidence to be read
+        said.append(NOT_CONFIDENT)
+    return word + (f" ({'; '.join(said)})" if said else "")
+
+
+def _in_flight(point: ServingPoint) -> str:
+    """What an open loop achieved: requests in flight on average, and at most (means over rounds); "-" elsewhere."""
+    mean, peak = point.figure("mean_concurrency"), point.figure("peak_concurrency")
+    if mean is None:
+        return "-"
+    return _num(mean) + (f" (peak {_num(peak)})" if peak is not None else "")
 
 
 def _goodput(point: ServingPoint) -> str:
@@ -540,7 +570,8 @@ def _p50_p99(point: ServingPoint, what: str) -> str:
 THROUGHPUT_HEADER = ["case", "concurrency (requests in flight)", "offered rate (requests/s)",
                      "requests (failed, truncated, empty, mismatched)", "output tokens/s", "output tokens/s per device",
                      "tokens/s per user", "interactivity (tokens/s per user: 1 / mean TPOT)", "completed requests/s",
-                     "goodput requests/s (fraction)", "SLO p99", "MFU (%)", "J per output token",
+                     "requests in flight, open loop: mean (peak)", "goodput requests/s (fraction)", "SLO p99",
+                     "MFU (%)", "J per output token",
                      "quality (0 to 1)", "rounds"]
 LATENCY_HEADER = ["case", "concurrency (requests in flight)", "offered rate (requests/s)", "TTFT ms p50/p90/p99",
                   "TPOT ms p50/p90/p99", "ITL ms p50/p90/p99", "E2EL ms p50/p90/p99"]
@@ -611,7 +642,7 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None, loaded: Iterable[
                       "requests only: " + ", ".join(f"{p.case} {p.label}" for p in flagged) + "."]
     lines += ["", *_table(THROUGHPUT_HEADER, [
         [*_where(p), _requests(p), _num(p.figure("output_tokens_per_s")), _num(p.per_device),
-         _per_user(p), _num(p.interactivity), _num(p.figure("requests_per_s")),
+         _per_user(p), _num(p.interactivity), _num(p.figure("requests_per_s")), _in_flight(p),
          _goodput(p), _verdict(p), _mfu(p), _num(p.energy_per_token_j), _quality(p), _rounds(p)] for p in points])]
     lines += ["", *_table(LATENCY_HEADER, [[*_where(p), _triple(p, "ttft_s"), _triple(p, "tpot_s"),
                                             _triple(p, "itl_s"), _triple(p, "e2el_s")] for p in points])]

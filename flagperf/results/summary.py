@@ -943,6 +943,9 @@ WARNING_STEPS = (
                  "first error; each request is in the round's requests.jsonl, the server's log in case.log"),
     ("MFU", "the MFU is not to be read plainly: check the case's FLOPs per item and the peak it is against "
             "(How these numbers were made)"),
+    # flagperf.generate.points.PER_CHUNK_ITL: how the server streams, not a fault of the run
+    ("per chunk", "the ITL is per chunk, not per token: compare other tools' per-token ITL with tpot_s (its note "
+                  "says the tokens per chunk); nothing to run again"),
 )
 OTHER_WARNING_STEP = "the round's case.log (in its round folder) says more; run the case again once it is explained"
 

@@ -43,6 +43,7 @@ from flagperf.generate.loadgen import (
     RequestRecord,
     ServingPrompt,
     Target,
+    count_output,
     first_answer,
     phase_span,
     read_records,
@@ -50,7 +51,15 @@ from flagperf.generate.loadgen import (
     send_request,
 )
 from flagperf.generate.models import random_checkpoint
-from flagperf.generate.points import early_stopping_needed, meets_slo, point_metrics, point_stats
+from flagperf.generate.points import (
+    CONVENTIONS,
+    PER_CHUNK_ITL,
+    early_stopping,
+    early_stopping_needed,
+    meets_slo,
+    point_metrics,
+    point_stats,
+)
 from flagperf.generate.serve import SERVING_FILE, Tokens, synthetic_serving_prompts
 from flagperf.generate.server import (
     EXIT_SERVER_FAILED,
@@ -82,7 +91,8 @@ def trace(ttft: float, gap: float, tokens: int, error: str | None = None, reques
     return RequestRecord(point="c2", phase="timed", seq=0, prompt_index=0, sent_at=100.0,
                          requested_output=requested or tokens, exact=True, ttft_s=ttft if tokens else None,
                          chunk_times_s=chunks, e2el_s=chunks[-1] if chunks else 0.3, output_tokens_client=tokens,
-                         output_tokens_usage=usage, finish_reason="stop", error=error)
+                         output_tokens_usage=usage, finish_reason="stop", error=error,
+                         output_counted_by=None if error else "tokenizer")
 
 
 def test_goodput_counts_a_request_only_when_every_slo_holds() -> None:
@@ -160,6 +170,11 @@ def test_a_p99_verdict_says_how_many_requests_mlperf_early_stopping_needs() -> N
     the SLO on fewer is not slo_p99_confident (its note says how many it needs); one with enough is."""
     assert [early_stopping_needed(over) for over in (0, 1, 2)] == [459, 662, 838]
     assert all(early_stopping_needed(over) < early_stopping_needed(over + 1) for over in range(40))
+    assert early_stopping([0.5] * 3 + [0.6], 0.5).over == 1  # a latency at its bound is not over it
+    # More than 1 % over: no count this point has can pass; the count it would need is not worked out.
+    beyond = early_stopping([0.1] * 98 + [0.9] * 2, 0.5)
+    assert (beyond.over, beyond.needed, beyond.met) == (2, None, False)
+    assert early_stopping([0.1] * 99 + [0.9], 0.5).needed == 662
     few = point_stats("c1", [trace(0.2, 0.05, 11) for _ in range(100)], 10.0, Bounds)
     m = {x.name: x for x in point_metrics(few, (0.0, 10.0), 1, Bounds, "closed loop")}
     assert m["slo_p99_met@c1"].value == 1.0 and m["slo_p99_confident@c1"].value == 0.0
@@ -176,6 +191,19 @@ def test_a_p99_verdict_says_how_many_requests_mlperf_early_stopping_needs() -> N
     short = point_stats("c1", enough[1:], 66.1, Bounds)
     assert short.slo_p99_met(Bounds) and not short.slo_p99_confident
 
+    class E2elBounded(Bounds):
+        e2el_s = 1.0
+
+    bounded = point_stats("c1", [trace(0.2, 0.05, 11) for _ in range(3)] + [trace(0.2, 0.1, 11)], 4.0, E2elBounded)
+    assert bounded.early_stopping is not None and bounded.early_stopping["e2el"].as_json() == {
+        "requests": 4, "over": 1, "needed": None, "met": False}  # E2EL 1.2 s of one request: 25 % over
+    m = {x.name: x for x in point_metrics(bounded, (0.0, 4.0), 1, E2elBounded, "closed loop")}
+    assert "E2EL: 1 of 4 over its bound, more than 1 % over: needs more than it has" in m[
+        "slo_p99_confident@c1"].note
+    # Nothing succeeded: nothing to judge, never confident.
+    failed = point_stats("c1", [trace(0.1, 0.0, 0, error="HTTP 500: x")], 1.0, Bounds)
+    assert failed.early_stopping is None and failed.slo_p99_confident is False
+
 
 def test_total_token_throughput_counts_the_prompts_as_the_server_did() -> None:
     """vLLM's total token throughput: input and output tokens / the duration; a prompt's tokens are the server's
@@ -188,10 +216,94 @@ def test_total_token_throughput_counts_the_prompts_as_the_server_did() -> None:
     assert stats.input_tokens == 30 + 27 + 21  # the failed request's prompt is not counted
     m = {x.name: x for x in point_metrics(stats, (0.0, 2.0), 1, Bounds, "closed loop")}
     assert m["total_tokens_per_s@c2"].value == pytest.approx((78 + 33) / 2.0)
-    assert "usage.prompt_tokens" in m["total_tokens_per_s@c2"].convention
+    # The failed request is said on the total throughput as on the output throughput.
+    assert m["total_tokens_per_s@c2"].warning == m["output_tokens_per_s@c2"].warning
+    assert (m["total_tokens_per_s@c2"].warning or "").startswith("1 failed of 4 requests")
     # A token per chunk: the ITL says so in its note, and warns of nothing.
-    assert stats.tokens_per_chunk == 1.0 and m["itl_s@c2"].warning is None and "1 output tokens per chunk" in m[
-        "itl_s@c2"].note
+    assert stats.tokens_per_chunk == 1.0 and m["itl_s@c2"].warning is None
+    assert m["itl_s@c2"].note.endswith("; 33 output tokens in 33 chunks, 1 per chunk")
+
+
+def test_an_open_loop_point_says_how_many_requests_it_had_in_flight() -> None:
+    """An open loop's achieved concurrency: SGLang's mean (sum of E2EL / the duration) and the most in flight at once;
+    a request that ends as another is sent is not in flight with it. A closed loop sets its own: none."""
+    records = [trace(0.2, 0.08, 11) for _ in range(3)]  # E2EL 1.0 s each, sent 0.5 s apart
+    for n, record in enumerate(records):
+        record.send_offset_s = record.scheduled_offset_s = 0.5 * n
+    stats = point_stats("r2", records, 2.0, Bounds)
+    assert (stats.mean_concurrency, stats.peak_concurrency) == (pytest.approx(1.5), 2)
+    m = {x.name: x for x in point_metrics(stats, (0.0, 2.0), 1, Bounds, "open loop")}
+    assert (m["mean_concurrency@r2"].value, m["peak_concurrency@r2"].value) == (pytest.approx(1.5), 2.0)
+    records[2].send_offset_s = 0.99  # now all three overlap
+    assert point_stats("r2", records, 2.0, Bounds).peak_concurrency == 3
+    for record in records:
+        record.scheduled_offset_s = None
+    closed = point_stats("c2", records, 2.0, Bounds)
+    assert (closed.mean_concurrency, closed.peak_concurrency) == (None, None)
+    assert not any(x.name.startswith(("mean_concurrency", "peak_concurrency"))
+                   for x in point_metrics(closed, (0.0, 2.0), 1, Bounds, "closed loop"))
+
+
+def test_tokens_per_chunk_counts_only_outputs_counted_in_tokens() -> None:
+    """Output counted in chunks (no usage, no tokenizer) is a token per chunk by construction: such requests are left
+    out of tokens_per_chunk, which is unknown where every request was; the server's usage counts whatever the
+    client did."""
+    no_tokenizer = RequestRecord(point="c1", phase="timed", seq=0, prompt_index=0, sent_at=0.0, requested_output=3,
+                                 exact=False, ttft_s=0.1, chunk_times_s=[0.1, 0.2, 0.3], e2el_s=0.3)
+    asyncio.run(count_output(no_tokenizer, None))
+    assert (no_tokenizer.output_tokens, no_tokenizer.output_counted_by) == (3, "chunks")
+    tokenized = RequestRecord(point="c1", phase="timed", seq=1, prompt_index=0, sent_at=0.0, requested_output=3,
+                              exact=False, ttft_s=0.1, chunk_times_s=[0.1, 0.2], e2el_s=0.2, output_text="a b c d")
+    asyncio.run(count_output(tokenized, lambda text: len(text.split())))
+    assert (tokenized.output_tokens, tokenized.output_counted_by) == (4, "tokenizer")
+    unknown = point_stats("c1", [no_tokenizer], 1.0, Bounds)
+    assert (unknown.tokens_per_chunk, unknown.output_chunks, unknown.chunk_counted) == (None, 0, 1)
+    m = {x.name: x for x in point_metrics(unknown, (0.0, 1.0), 1, Bounds, "closed loop")}
+    assert m["itl_s@c1"].note.endswith("; output tokens per chunk unknown: output counted in chunks (no server usage, "
+                                       "no tokenizer)") and m["itl_s@c1"].warning is None
+    # With the tokenizer's 4 tokens in 2 chunks beside it, and one counted in chunks but with the server's usage (9 in
+    # 3 chunks): 13 tokens in 5 chunks; the one without usage is left out.
+    used = RequestRecord(**{**no_tokenizer.__dict__, "seq": 2, "output_tokens_usage": 9})
+    stats = point_stats("c1", [no_tokenizer, tokenized, used], 1.0, Bounds)
+    assert (stats.chunked_tokens, stats.output_chunks, stats.chunk_counted) == (13, 5, 1)
+    itl = {x.name: x for x in point_metrics(stats, (0.0, 1.0), 1, Bounds, "closed loop")}["itl_s@c1"]
+    assert itl.note.endswith("; 13 output tokens in 5 chunks, 2.6 per chunk; 1 request counted in chunks left out")
+    assert itl.warning == PER_CHUNK_ITL
+
+
+def test_a_bundled_points_itl_warning_is_one_text_that_names_each_tools_convention() -> None:
+    """Tokens bundled in chunks: the ITL's warning is the same text at any count (the report says it once, with its
+    next step), says which clients count per chunk (vLLM's, SGLang's OpenAI-compatible ones) and which per token
+    (SGLang's native one, GenAI-Perf's and AIPerf's), and keeps a round's other cautions beside it."""
+    def bundled(tokens: int, chunks: int, **cautions: list[str]) -> dict[str, object]:
+        record = trace(0.2, 0.05, chunks, usage=tokens)
+        stats = point_stats("c1", [record], 1.0, Bounds)
+        return {x.name: x for x in point_metrics(stats, (0.0, 1.0), 1, Bounds, "closed loop", **cautions)}
+
+    two, three = bundled(22, 11)["itl_s@c1"], bundled(30, 10)["itl_s@c1"]
+    assert two.warning == three.warning == PER_CHUNK_ITL  # type: ignore[attr-defined]
+    assert two.note.endswith("22 output tokens in 11 chunks, 2 per chunk")  # type: ignore[attr-defined]
+    for said in ("as vLLM's bench serve and SGLang's bench_serving with an OpenAI-compatible backend count it",
+                 "SGLang's bench_serving with its native sglang backend (/generate) spreads a chunk's gap over its "
+                 "tokens", "GenAI-Perf's and AIPerf's inter token latency is per token: compare those with tpot_s"):
+        assert said in PER_CHUNK_ITL
+    assert "not per token as SGLang's native sglang backend spreads it" in CONVENTIONS["itl_s"]
+    assert "SGLang's bench_serving spreads a chunk" not in CONVENTIONS["itl_s"] + PER_CHUNK_ITL
+    # A latency caution of the round comes first, the per-chunk warning after it.
+    cautioned = bundled(22, 11, latency_cautions=["x"])["itl_s@c1"]
+    assert cautioned.warning == f"x; {PER_CHUNK_ITL}"  # type: ignore[attr-defined]
+    # The report gives it its own next step, once for every point that says it: nothing to run again.
+    import pandas as pd
+
+    from flagperf.results.summary import OTHER_WARNING_STEP, RunSummary, render_warnings
+
+    summary = RunSummary(run_id="r", rows=pd.DataFrame(), not_measured=[], counts={},
+                         headline=[{"case": "s", "metric": f"itl_s@c{n}", "warnings": [PER_CHUNK_ITL]}
+                                   for n in (1, 2)])
+    steps = render_warnings(summary)[render_warnings(summary).index("Next steps:") + 2:]
+    assert steps == ["- the ITL is per chunk, not per token: compare other tools' per-token ITL with tpot_s (its note "
+                     "says the tokens per chunk); nothing to run again", ""]
+    assert OTHER_WARNING_STEP not in "".join(steps)
 
 
 def _prompt_config(**values: object) -> GenerateConfig:
@@ -970,7 +1082,10 @@ def test_a_case_measures_an_endpoint_the_inventory_names(served: ServerProcess, 
     assert serving["points"][0]["tokens_per_chunk"] == 1.0 and serving["points"][0]["output_chunks"] == 8
     assert metrics["itl_s@c1"].warning is None
     early = serving["points"][0]["early_stopping"]
-    assert early["ttft"]["requests"] == 2 and early["ttft"]["needed"] >= 459 and not early["ttft"]["met"]
+    # None over needs 459; one of two over is past 1 %, whose count is not worked out: met either way is false.
+    assert early["ttft"] == {"requests": 2, "over": early["ttft"]["over"], "met": False,
+                             "needed": 459 if early["ttft"]["over"] == 0 else None}
+    assert serving["points"][0]["outputs_counted_in_chunks"] == 0  # the server's usage counted every output
     assert metrics["slo_p99_confident@c1"].value == 0.0
     assert serving["prompt_set"]["counted_with"].startswith("words")  # no model folder at an endpoint
     assert serving["prompt_set"]["count"] == 11 and serving["prompt_set"]["repeated_requests"] == 0
@@ -1339,8 +1454,7 @@ def test_a_hostile_endpoints_answers_are_request_errors(tmp_path: Path) -> None:
     stats = point_stats("c1", [bundled], 1.0, Bounds)
     assert (stats.output_chunks, stats.chunked_tokens, stats.tokens_per_chunk) == (2, 6, 3.0)
     itl = {m.name: m for m in point_metrics(stats, (0.0, 1.0), 1, Bounds, "closed loop")}["itl_s@c1"]
-    assert (itl.warning or "").startswith("the server sent 6 output tokens in 2 chunks (3 per chunk): each ITL gap is "
-                                          "per chunk")
+    assert itl.warning == PER_CHUNK_ITL and itl.note.endswith("6 output tokens in 2 chunks, 3 per chunk")
     assert stats.tpot is not None and stats.tpot.mean == pytest.approx(
         (bundled.e2el_s - bundled.ttft_s) / 5)  # type: ignore[operator]
     only = records["/reasoning-only"]

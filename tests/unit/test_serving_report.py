@@ -162,7 +162,9 @@ def test_the_report_shows_every_point_its_counts_the_slo_frontier_and_the_plots(
     assert "| 6.5 | 3.25 | 9.188 (p10 8.59) | 12.5 |" in rows[0]  # tokens/s per user: the mean and its slow tail
     assert "p10" in STATISTICS["mean"]  # how the report's "How these numbers were made" explains it
     assert "| serve-case | 2 | - | 4 (0 failed, 0 truncated, 0 empty, 0 count mismatch) | 20 | 10 |" in md
-    assert "| met | - | 5 | ROUGE-L 0.75, exact match 0.5 | 1 |" in md  # SLO, MFU, J per token, quality, rounds
+    # SLO (met on 4 requests: fewer than MLPerf's early stopping needs), MFU, J per token, quality, rounds
+    assert ("| met (not confident: fewer requests than MLPerf's early stopping needs) | - | 5 | ROUGE-L 0.75, exact "
+            "match 0.5 | 1 |") in md
     assert "| serve-case | - | 0.5 |" in md
     assert "| batch-case | 2 | - | 2 | 16 | 16 |" in md
     # Latency: TTFT of every c2 request is 100 ms; TPOT 50 ms.
@@ -185,6 +187,46 @@ def test_a_failed_round_keeps_its_points_and_says_so(tmp_path: Path) -> None:
     assert point.figure("output_tokens_per_s") == pytest.approx((10.0 + 5.0) / 2)
     _, paths = build_report(run)
     assert "| 2 (1 from a failed round) |" in paths["markdown"].read_text()
+
+
+def test_a_met_verdict_says_when_its_requests_were_too_few_for_mlperfs_early_stopping(tmp_path: Path) -> None:
+    """slo_p99_confident is aggregated as slo_p99_met is: a round short of the requests MLPerf's early stopping needs
+    makes a met verdict "not confident"; rounds with enough say nothing more, and results from before the metric (none
+    of it) show the verdict alone."""
+    from flagperf.results.serving import _verdict
+
+    def verdicts(*confident: float | None) -> str:
+        run = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        for n, value in enumerate(confident, start=1):
+            metrics = [Metric(name="slo_p99_met@c1", value=1.0, unit="bool")]
+            if value is not None:
+                metrics.append(Metric(name="slo_p99_confident@c1", value=value, unit="bool"))
+            write_round(run, "serve-case", metrics, {"engine": "e", "precision": "bf16", "slo": SLO}, round_no=n)
+        (point,) = serving_points(run)
+        return _verdict(point)
+
+    short = "not confident: fewer requests than MLPerf's early stopping needs"
+    assert verdicts(0.0) == f"met ({short})"
+    assert verdicts(1.0) == "met"
+    assert verdicts(None) == "met"  # a result from before slo_p99_confident
+    assert verdicts(1.0, 0.0) == f"met (2/2 rounds; {short})"
+    assert verdicts(1.0, None) == "met (2/2 rounds)"  # one round says nothing: not claimed either way
+    # An open-loop point's row says the requests it had in flight: the mean (SGLang's) and the peak.
+    run = tmp_path / "open"
+    records = [request(i, "r2", 0.1, 0.05) for i in range(3)]  # E2EL 0.3 s each
+    for n, record in enumerate(records):
+        record.send_offset_s = record.scheduled_offset_s = 0.2 * n
+    write_round(run, "serve-case", serving_metrics("r2", records, T0, 0.75),
+                {"engine": "e", "precision": "bf16", "slo": SLO})
+    _, paths = build_report(run)
+    assert "| 20 | 4 | 1.2 (peak 2) | 4 (100.0%) |" in paths["markdown"].read_text()  # 0.9 s / 0.75 s
+    # A missed verdict is read without its confidence.
+    run = tmp_path / "missed"
+    write_round(run, "serve-case", [Metric(name="slo_p99_met@c1", value=0.0, unit="bool"),
+                                    Metric(name="slo_p99_confident@c1", value=0.0, unit="bool")],
+                {"engine": "e", "precision": "bf16", "slo": SLO})
+    (point,) = serving_points(run)
+    assert _verdict(point) == "**missed**"
 
 
 # --- compare ------------------------------------------------------------------------------------------------
