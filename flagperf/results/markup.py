@@ -3,7 +3,8 @@ as markup. ``md_text`` escapes it where it is put into Markdown (report.md, the 
 ``plain`` is the same text for where no Markdown renders (the results site, which HTML-escapes, the CLI's
 tables, a Prefect table artifact), and
 ``markdown_to_html`` renders Markdown with no raw HTML and links only to http(s) and relative paths, so that
-a ``javascript:``, ``data:`` or ``vbscript:`` link, however spelt, is shown inert."""
+a ``javascript:``, ``data:`` or ``vbscript:`` link, however spelt, is shown inert; ``spreadsheet_cell`` keeps a CSV
+cell text where a spreadsheet would run it as a formula."""
 
 from __future__ import annotations
 
@@ -24,6 +25,15 @@ EDGE_UNDERSCORE = re.compile(r"(?<![^\W_])_|_(?![^\W_])")
 SAFE_SCHEMES = ("http", "https")
 SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 IGNORED_IN_URLS = re.compile(r"[\x00-\x20\x7f]")  # browsers drop these inside a URL ("java\tscript:")
+# What makes a spreadsheet read a CSV cell as a formula (OWASP's CSV injection list): a failure message such as
+# =HYPERLINK("http://…?"&A1) from a case's result.json would otherwise run where a lab opens summary.csv.
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_cell(value: object) -> object:
+    """A text cell that starts like a formula, with a leading ' that spreadsheets read as "this is text" (and do
+    not show); any other value (numbers included: a negative figure stays a number) unchanged."""
+    return f"'{value}" if isinstance(value, str) and value.startswith(FORMULA_START) else value
 
 
 def md_text(value: object) -> str:

@@ -35,7 +35,7 @@ from flagperf.results.chipstate import CHIP_COLUMNS, headline_state, render_chip
 from flagperf.results.controller import controller_gone
 from flagperf.results.faults import BOUNDED_NOTE, find_faults
 from flagperf.results.limits import MAX_PLANNED_HOST_ROUNDS, MAX_ROUNDS
-from flagperf.results.markup import md_text, number, percent
+from flagperf.results.markup import md_text, number, percent, spreadsheet_cell
 from flagperf.results.metrics import STATISTICS, coefficient_of_variation
 from flagperf.results.operators import (
     is_operation,
@@ -1324,7 +1324,7 @@ def abbreviation_lines(text: str) -> list[str]:
 def write_summary(run_dir: Path, summary: RunSummary, plots: list[tuple[str, Path]] | str | None = None
                   ) -> dict[str, Path]:
     paths = {"csv": run_dir / SUMMARY_CSV, "json": run_dir / SUMMARY_JSON, "markdown": run_dir / REPORT_MD}
-    write_text_atomic(paths["csv"], summary.rows.to_csv(index=False))
+    write_text_atomic(paths["csv"], summary.rows.map(spreadsheet_cell).to_csv(index=False))
     write_json_atomic(paths["json"], summary.to_json())
     text = render_markdown(summary, plots) + "\n".join(["", *serving_markdown(run_dir, summary.rows),
                                                          *operation_markdown(run_dir, summary.rows)])

