@@ -232,6 +232,21 @@ class SpecSettingError(ValueError):
         super().__init__(f"spec_settings.{key}: {message}")
 
 
+def error_line(exc: object) -> str:
+    """An exception (or an engine's explanation) in one line: its type and its message's first line. An HTTP error
+    answered by a server (httpx's HTTPStatusError, Prefect's) is its status code and reason alone: its message names
+    the whole URL, which may hold a user and password (PREFECT_API_URL), and it goes on into results and logs."""
+    kind = type(exc).__name__ if isinstance(exc, BaseException) else ""
+    response = getattr(exc, "response", None)
+    status, reason = getattr(response, "status_code", None), getattr(response, "reason_phrase", None)
+    if isinstance(status, int) and isinstance(reason, str):  # an httpx Response (requests' has .reason instead)
+        detail = f"{status} {reason}".strip()
+    else:
+        text = str(exc).strip().splitlines()
+        detail = text[0] if text else ""
+    return f"{kind}: {detail}" if kind and detail else kind or detail
+
+
 class InfrastructureFailure(FlagperfError):
     """A crash, a timeout or a lost result: worth retrying, the case itself may be fine."""
 

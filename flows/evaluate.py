@@ -49,7 +49,7 @@ from flagperf.config.plan import (
     run_id_for_flow_run,
 )
 from flagperf.config.vendors import available_vendors
-from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
+from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure, error_line
 from flagperf.hosts.capacity import check_capacity
 from flagperf.hosts.docker import owner_labels
 from flagperf.hosts.flagperf_training import open_inventory
@@ -58,7 +58,7 @@ from flagperf.hosts.health import check_results_disk, health_file, round_probe, 
 from flagperf.hosts.inventory import HostSpec, Inventory
 from flagperf.hosts.local import Host
 from flagperf.hosts.slurm import cancel_jobs
-from flagperf.hosts.threads import HOST_THREADS, HostThreads, RoundsStopped, stop_requested
+from flagperf.hosts.threads import HOST_THREADS, HostThreads, RoundsStopped, Unstopped, stop_requested
 from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
 from flagperf.results.bounded import read_json_file
 from flagperf.results.controller import controller_record
@@ -782,7 +782,7 @@ def run_node(spec: HostSpec, parameters: dict[str, Any]) -> RoundResult:
     except RoundsStopped:  # the evaluation is stopping: the round was stopped while running, not failed
         raise
     except Exception as exc:  # the subflow or the deployment run failed outright
-        problem = f"{label}: host-round failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        problem = f"{label}: host-round failed: {error_line(exc)}"
     try:
         return read_result(dest / RESULT_FILE)
     except (OSError, ValueError):
@@ -834,25 +834,82 @@ def dispatch(spec: HostSpec, subflow: Any, deployment_name: str, parameters: dic
 
 
 AGENT_POLL_S = 1.0
-# One read of a dispatched run's state: one attempt, this long at most. The wait's own loop tries again (the client's
-# retries held each read about a minute while the server was down, and the stop and the agent's timeouts with it).
+# One look at a dispatched run: one request (no retries of Prefect's client nor of its connection pool), its answer
+# waited for this long at most (answered_within); the wait's own loop looks again.
 POLL_TIMEOUT_S = 5.0
+SILENCE_SAID_S = 60.0  # a Prefect server silent this long while the controller waits on a dispatched run is said
+STOP_LOOK_S = 0.5  # how often a look the server holds looks at the evaluation's stop
 
 
 @contextmanager
 def one_try_client(timeout_s: float) -> Iterator[SyncPrefectClient]:
-    """A Prefect client whose every call is one attempt of at most ``timeout_s`` a phase (connect, read, write): its
-    caller decides what to do when the server does not answer, not the client's retries (about a minute a call)."""
+    """A Prefect client whose every call is one request of at most ``timeout_s`` a phase (connect, read, write): its
+    own retries are off, and its connection pool's (it tries a refused connection 3 times). Its caller decides what to
+    do when the server does not answer. It may still sleep as long as a 408/429/502/503 answer's Retry-After asks: a
+    caller that must not wait calls it through answered_within."""
     with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}), \
             get_client(httpx_settings={"timeout": timeout_s}, sync_client=True) as client:
+        no_connect_retries(client)
         yield client
+
+
+def no_connect_retries(client: SyncPrefectClient) -> None:
+    """Set the client's connection pool to try each connection once, as guarded as Prefect sets it to 3 tries (its
+    SyncPrefectClient.__init__): the transport it made for the API's URL, only where it is httpx's and httpcore's."""
+    import httpcore
+    import httpx
+
+    transport_for_url = getattr(getattr(client, "_client", None), "_transport_for_url", None)
+    if callable(transport_for_url):
+        transport = transport_for_url(httpx.URL(str(client.api_url)))
+        pool = getattr(transport, "_pool", None)
+        if isinstance(transport, httpx.HTTPTransport) and isinstance(pool, httpcore.ConnectionPool):
+            pool._retries = 0
+
+
+class NoAnswer(Exception):
+    """A call to the Prefect server that did not end within its deadline (answered_within); it may go on alone."""
+
+
+def answered_within(call: Callable[[], T], deadline_s: float, stoppable: bool = False) -> T:
+    """``call``'s answer (or its exception), from a thread of its own, waited for ``deadline_s`` at most, else
+    NoAnswer: a client's timeouts bound each phase of a request, not the request, and Prefect's sleeps as long as a
+    429/503 answer's Retry-After asks, so only a thread bounds a call whatever the client does. A call not answered
+    goes on alone (a daemon thread), its answer dropped. ``stoppable``: the evaluation's stop ends the wait too
+    (NoAnswer), looked at every STOP_LOOK_S, so that the caller sees the stop at once."""
+    answer: list[T] = []
+    failure: list[BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            answer.append(call())
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=copy_context().run, args=(run,), daemon=True, name="prefect-call").start()
+    # slices of the deadline, not the clock: a wait that reads no clock holds whatever the clock does
+    slices = max(1, int(deadline_s / STOP_LOOK_S)) if stoppable else 1
+    for _ in range(slices):
+        if done.wait(deadline_s / slices):
+            break
+        if stoppable and stop_requested():
+            raise NoAnswer("the evaluation is stopping")
+    else:
+        raise NoAnswer(f"no answer within {deadline_s:.0f} s")
+    if failure:
+        raise failure[0]
+    return answer[0]
 
 
 def wait_for_agent(spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> FlowRun:
     """Wait for a dispatched run: first for the host's worker to pick it up (``agent.start_timeout_s``: a
     worker that is down fails the host in minutes, not after the round's whole budget, and the run is
     cancelled so it cannot start later), then for it to end (``agent.timeout_s``, counted from dispatch). Each
-    look is one bounded read, so the stop and the timeouts hold while the Prefect server does not answer."""
+    look is one request, waited for POLL_TIMEOUT_S at most, so the stop and the timeouts hold while the Prefect server
+    does not answer."""
     assert spec.agent is not None
     with one_try_client(POLL_TIMEOUT_S) as client:
         try:
@@ -865,142 +922,166 @@ def wait_for_agent(spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> F
 
 
 CANCEL_TIMEOUT_S = 5.0  # at an interrupt, each call that cancels a dispatched run: one attempt, this long at most
-CANCEL_DEADLINE_S = 15.0  # and all the calls for one run together
+CANCEL_DEADLINE_S = 15.0  # and all the calls for one run together (a timeout's cancel too)
 
 
 def cancel_at_interrupt(spec: HostSpec, flow_run_id: UUID, deployment_name: str,
-                        deadline_s: float = CANCEL_DEADLINE_S) -> None:
+                        deadline_s: float | None = None) -> None:
     """cancel_dispatched, bounded: one attempt per call (the client's retries hold a Ctrl-C about a minute per call
-    when the server is down), each at most CANCEL_TIMEOUT_S, all within ``deadline_s``. A run it could not cancel is
-    noted for the evaluation's one warning line (say_uncancelled, once its hosts' threads have ended), or said alone
-    outside one: it may still run, or start later, on its host."""
-    failed: list[str] = []
+    when the server is down), each at most CANCEL_TIMEOUT_S a phase, all within ``deadline_s`` (CANCEL_DEADLINE_S)
+    whatever the client does. A run it could not cancel is noted for the evaluation's one warning line
+    (say_uncancelled, once its hosts' threads have ended), or said alone outside one: it may still run, or start
+    later, on its host."""
 
     def cancel() -> None:
-        try:
-            with one_try_client(CANCEL_TIMEOUT_S) as client:
-                cancel_dispatched(client, spec, flow_run_id, deployment_name)
-        except Exception as exc:
-            failed.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        with one_try_client(CANCEL_TIMEOUT_S) as client:
+            cancel_dispatched(client, spec, flow_run_id, deployment_name)
 
-    # A thread of its own: the deadline holds whatever the calls do (the timeout is per phase of a request)
-    worker = threading.Thread(target=copy_context().run, args=(cancel,), daemon=True,
-                              name=f"cancel-{flow_run_id}")
-    worker.start()
-    worker.join(deadline_s)
-    if worker.is_alive():
-        failed.append(f"no answer within {deadline_s:.0f} s")
-    if failed:
+    try:
+        answered_within(cancel, CANCEL_DEADLINE_S if deadline_s is None else deadline_s)
+    except Exception as exc:
+        unstopped = Unstopped(spec.name, f"{deployment_name} run {flow_run_id}", str(flow_run_id), no_answer(exc))
         threads = HOST_THREADS.get()
-        what = f"{deployment_name} run {flow_run_id}"
-        if threads is None or not threads.note_unstopped(spec.name, what, failed[0]):
-            say_uncancelled([(spec.name, what, failed[0])])
+        if threads is None or not threads.note_unstopped(unstopped):
+            say_uncancelled([unstopped])
 
 
-def say_uncancelled(runs: list[tuple[str, str, str]]) -> None:
-    """The dispatched runs an interrupt could not cancel ((host, "DEPLOYMENT run ID", why) each), in one warning line:
-    they may still run, or start later, on their hosts."""
+def no_answer(exc: BaseException) -> str:
+    """Why a call to the Prefect server failed, in a few words."""
+    return str(exc) if isinstance(exc, NoAnswer) else error_line(exc)
+
+
+def say_uncancelled(runs: list[Unstopped]) -> None:
+    """The dispatched runs an interrupt could not cancel, in one warning line: they may still run, or start later, on
+    their hosts."""
     if not runs:
         return
     if len(runs) == 1:
-        host, what, why = runs[0]
+        host, what, ref, why = runs[0]
         round_logger().warning("could not cancel %s on host %s (%s): it may still run or start there; cancel it with "
-                               "prefect flow-run cancel %s", what, host, why, what.rpartition(" ")[2])
+                               "prefect flow-run cancel %s", what, host, why, ref)
         return
-    hosts = ", ".join(sorted({host for host, _, _ in runs}))
-    whys = list(dict.fromkeys(why for _, _, why in runs))
+    hosts = ", ".join(sorted({run.host for run in runs}))
+    whys = list(dict.fromkeys(run.why for run in runs))
     round_logger().warning(
         "could not cancel %d dispatched runs, on hosts %s (%s%s): they may still run or start there; cancel each with "
         "prefect flow-run cancel ID (%s)", len(runs), hosts, whys[0],
         f"; and {len(whys) - 1} other reason(s)" if len(whys) > 1 else "",
-        "; ".join(f"{host}: {what}" for host, what, _ in sorted(runs)))
+        "; ".join(f"{run.host}: {run.what}" for run in sorted(runs)))
 
 
 def cancel_dispatched(client: SyncPrefectClient, spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> None:
-    """Cancel a run dispatched to a host's worker, the evaluation being interrupted: Cancelled when no worker picked it
-    up yet, Cancelling when it runs (its worker then ends the process); one that has ended is left as it ended."""
-    why = "the evaluation that dispatched it was interrupted"
-    state = client.read_flow_run(flow_run_id).state
-    if state is not None and state.is_final():  # ended already: a forced Cancelling would relabel its outcome
-        return
-    waiting = state is None or state.is_scheduled() or state.is_pending()
+    """Cancel a run dispatched to a host's worker, the evaluation being interrupted (settle_dispatched), and say so."""
+    if settle_dispatched(client, flow_run_id, "the evaluation that dispatched it was interrupted") is None:
+        round_logger().warning("cancelling %s run %s on host %s: the evaluation was interrupted", deployment_name,
+                               flow_run_id, spec.name)
+
+
+def settle_dispatched(client: SyncPrefectClient, flow_run_id: UUID, why: str) -> FlowRun | None:
+    """Cancel a dispatched run, as it is now (read first: the caller's last look may be old): Cancelled when no
+    worker picked it up yet, Cancelling when it runs (its worker then ends the process). One that has ended is left
+    as it ended and returned; None once it was cancelled."""
+    run = client.read_flow_run(flow_run_id)
+    if run.state is not None and run.state.is_final():  # ended already: a forced Cancelling would relabel its outcome
+        return run
+    waiting = run.state is None or run.state.is_scheduled() or run.state.is_pending()
     # Cancelling unforced: the server refuses it on a run that ended since it was read (it would relabel its outcome)
     client.set_flow_run_state(flow_run_id, Cancelled(message=why) if waiting else Cancelling(message=why),
                               force=waiting)
-    round_logger().warning("cancelling %s run %s on host %s: the evaluation was interrupted", deployment_name,
-                           flow_run_id, spec.name)
+    return None
 
 
 def server_unreachable() -> tuple[type[BaseException], ...]:
     """What a read raises when the Prefect server does not answer it (down, restarting, a dropped connection, a read
-    past POLL_TIMEOUT_S), as opposed to its own answer about the run."""
+    past POLL_TIMEOUT_S), as opposed to its own answer about the run, or a request this side could not make."""
     import httpx
 
-    return (httpx.TransportError,)
+    return httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError, NoAnswer
+
+
+# Answers that are no word on the run: the server (or a proxy before it) is restarting or overloaded, as Prefect's
+# client reads them (it retries these); a 500 is the server's own failure, which asking again does not mend.
+BUSY_STATUSES = (408, 429, 502, 503, 504)
 
 
 def server_busy(exc: BaseException) -> bool:
-    """An answer that is no word on the run: the server (or a proxy before it) is restarting or overloaded."""
+    """An answer that is no word on the run (BUSY_STATUSES)."""
     import httpx
 
-    return isinstance(exc, httpx.HTTPStatusError) and (exc.response.status_code >= 500
-                                                       or exc.response.status_code == 429)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in BUSY_STATUSES
 
 
 def _wait_for_agent(client: SyncPrefectClient, spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> FlowRun:
     assert spec.agent is not None
     started = time.monotonic()
     run: FlowRun | None = None  # as last read
-    silent: str | None = None  # why the last read got no answer; None once one did
+    silent: str | None = None  # why the last look got no answer; None once one did
     silent_since = started
+    said_silent = False  # the silence was said (SILENCE_SAID_S): its end is said too
+    what = f"{deployment_name} run {flow_run_id}"
     while True:
         try:
-            run = client.read_flow_run(flow_run_id)
-            silent = None
+            run = answered_within(partial(client.read_flow_run, flow_run_id), POLL_TIMEOUT_S, stoppable=True)
         except Exception as exc:
-            if not isinstance(exc, server_unreachable()) and not server_busy(exc):
-                raise
+            if not isinstance(exc, server_unreachable()) and not server_busy(exc):  # its answer: no run to follow
+                ended, not_cancelled = give_up(client, flow_run_id, f"the controller could not read it: "
+                                                                     f"{error_line(exc)}")
+                if ended is not None:
+                    return ended
+                raise InfrastructureFailure(f"host {spec.name}: the Prefect server's answer to a look at {what} was "
+                                            f"{error_line(exc)}{not_cancelled}") from None
             if silent is None:
                 silent_since = time.monotonic()
-            silent = _one_line(exc)
+            silent = no_answer(exc)
+        else:
+            if said_silent:
+                round_logger().info("host %s: the Prefect server answers again after %.0f s; %s is %s", spec.name,
+                                    time.monotonic() - silent_since, what,
+                                    run.state.name if run.state is not None else "without a state")
+            silent, said_silent = None, False
         waiting = run is None or run.state is None or run.state.is_scheduled() or run.state.is_pending()
         if run is not None and run.state is not None and run.state.is_final():  # read by the last look
             return run
         if stop_requested():
             raise RoundsStopped(f"the run is stopping: host {spec.name}'s {deployment_name} run is cancelled")
         now = time.monotonic()
+        if silent is not None and not said_silent and now - silent_since >= SILENCE_SAID_S:
+            round_logger().warning("host %s: the Prefect server has not answered for %.0f s (%s); the controller "
+                                   "looks at %s again every %.0f s until agent.%s = %.0f s", spec.name,
+                                   now - silent_since, silent, what, AGENT_POLL_S,
+                                   *(("start_timeout_s", spec.agent.start_timeout_s) if waiting
+                                     else ("timeout_s", spec.agent.timeout_s)))
+            said_silent = True
         unanswered = (f"; the Prefect server has not answered for {now - silent_since:.0f} s ({silent})"
                       if silent is not None else "")
         if waiting and now - started > spec.agent.start_timeout_s:
-            not_cancelled = give_up(client, flow_run_id, "no worker picked it up")
+            ended, not_cancelled = give_up(client, flow_run_id, "no worker picked it up")
+            if ended is not None:  # picked up and ended since the last look
+                return ended
             raise InfrastructureFailure(
                 f"host {spec.name}: no worker on work queue {spec.queue} picked up {deployment_name} within "
                 f"{spec.agent.start_timeout_s:.0f} s{unanswered}{not_cancelled} (start one on the host: prefect "
                 f"worker start --pool flagperf --work-queue {spec.queue})")
         if now - started > spec.agent.timeout_s:
-            not_cancelled = give_up(client, flow_run_id, "agent.timeout_s exceeded")
+            ended, not_cancelled = give_up(client, flow_run_id, "agent.timeout_s exceeded")
+            if ended is not None:
+                return ended
             raise InfrastructureFailure(f"host {spec.name}: {deployment_name} run {run.name if run else flow_run_id} "
                                         f"did not end within agent.timeout_s = {spec.agent.timeout_s:.0f} s"
                                         f"{unanswered}{not_cancelled}")
         time.sleep(AGENT_POLL_S)
 
 
-def give_up(client: SyncPrefectClient, flow_run_id: UUID, why: str) -> str:
-    """Cancel a dispatched run the wait gives up on, so that it cannot start or go on later; where the server does not
-    take that, what to add to the host's failure line (the run may still start or run there), else ''."""
+def give_up(client: SyncPrefectClient, flow_run_id: UUID, why: str) -> tuple[FlowRun | None, str]:
+    """Cancel a dispatched run the wait gives up on, so that it cannot start or go on later (settle_dispatched, within
+    CANCEL_DEADLINE_S whatever the client does): the run where it had ended meanwhile (left as it ended), and where the
+    server does not take the cancel, what to add to the host's failure line (the run may still start or run there),
+    else ''."""
     try:
-        client.set_flow_run_state(flow_run_id, Cancelled(message=why), force=True)
+        return answered_within(partial(settle_dispatched, client, flow_run_id, why), CANCEL_DEADLINE_S), ""
     except Exception as exc:
-        if not isinstance(exc, server_unreachable()) and not server_busy(exc):
-            raise
-        return (f"; it could not be cancelled ({_one_line(exc)}) and may still start or run there: cancel it with "
-                f"prefect flow-run cancel {flow_run_id}")
-    return ""
+        return None, (f"; it could not be cancelled ({no_answer(exc)}) and may still start or run there: cancel it "
+                      f"with prefect flow-run cancel {flow_run_id}")
 
 
 def completed_round(run_dir: Path, case: str, round_no: int, host: str, node_rank: int = 0) -> RoundResult | None:

@@ -245,9 +245,11 @@ def verdict(host: Host, job: Job, job_dir: Path, outcome: CommandResult, timeout
             raise RoundUserFailure(f"{label}: {rank}"
                                    f"{result.failure.message if result.failure else 'user error'}")
         return result
-    tail = log_tail(host, job_dir)
     if outcome.exit_code is None and outcome.link:  # no exit of its own: the link lost it (retried)
-        raise InfrastructureFailure(f"{label}: {rank}lost, not failed: {outcome.link}; {tail}")
+        # the runtime ends the log with the lost line itself: not said twice
+        tail = log_tail(host, job_dir, unless=outcome.link)
+        raise InfrastructureFailure(f"{label}: {rank}lost, not failed: {outcome.link}{f'; {tail}' if tail else ''}")
+    tail = log_tail(host, job_dir)
     how = "could not start" if outcome.exit_code is None else (
         f"killed by signal {-outcome.exit_code}" if outcome.exit_code < 0 else f"exited {outcome.exit_code}")
     # the case's own end leads; what the link did meanwhile is context after it
@@ -255,9 +257,18 @@ def verdict(host: Host, job: Job, job_dir: Path, outcome: CommandResult, timeout
                                                                   else ""))
 
 
-def log_tail(host: Host, job_dir: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The case log's last lines, in one line for a failure message."""
-    last = " | ".join(host.tail(job_dir / CASE_LOG_FILE, lines)) or "(empty)"
+def log_tail(host: Host, job_dir: Path, lines: int = LOG_TAIL_LINES, unless: str | None = None) -> str:
+    """The case log's last lines, in one line for a failure message. ``unless``: what the failure says already (a
+    lost link's line, which the runtime wrote last into the log as "[flagperf] ..."): its line is left out, and
+    where nothing else is left, the tail ('')."""
+    kept = host.tail(job_dir / CASE_LOG_FILE, lines + (unless is not None))
+    if unless is not None:
+        if kept and kept[-1].startswith("[flagperf] ") and unless.startswith(kept[-1].removeprefix("[flagperf] ")):
+            kept = kept[:-1]
+            if not kept:
+                return ""
+        kept = kept[-lines:]
+    last = " | ".join(kept) or "(empty)"
     return f"last {'line' if lines == 1 else 'lines'} of {CASE_LOG_FILE}: {last}"
 
 

@@ -82,7 +82,8 @@ def probe_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, image: 
     runtime = runtime_for(host, spec, vendor, image, run_id, cases or ())
     assert isinstance(runtime, DockerRuntime)
     result, lines = runtime.run_probe(host, vendor.name, spec.host_spec_settings(), timeout_s=PROBE_TIMEOUT_S)
-    check, probe = image_probe_check(lines, result.exit_code, result.timed_out, image["tag"], image["dockerfile"])
+    check, probe = image_probe_check(lines, result.exit_code, result.timed_out, image["tag"], image["dockerfile"],
+                                     result.link)
     log_check(logger, host.name, check)
     record_image_probe(run_dir, host.name, image["framework"], check, probe)
     if not check.ok:

@@ -28,7 +28,7 @@ from typing import Any
 from flagperf.config.files import hash_file, regular_file_problem
 from flagperf.config.job import JOB_FILE
 from flagperf.config.vendors import HostSpecSettings, Vendor
-from flagperf.errors import ConfigError
+from flagperf.errors import ConfigError, error_line
 from flagperf.hosts.adaptation import CACHE_FOLDER as ADAPTATION_CACHE
 from flagperf.hosts.container_policy import (
     ENV_FILE_IN_CONTAINER,
@@ -434,9 +434,10 @@ class DockerRuntime(Runtime):
         except CaseStopped as stopped:  # killed at the stop: its log is kept as any ended round's
             try:
                 host.write_text(job_dir / CASE_LOG_FILE, "\n".join(stopped.lines) + ("\n" if stopped.lines else ""))
+                stopped.logged = True
             except Exception as exc:  # a full disk, a closed link: its end was still seen (the controller's marker)
-                logger.warning("the log of container %s, stopped, could not be kept on %s: %s", name, host.name,
-                               _one_line(exc))
+                logger.warning("the log of container %s, stopped, could not be kept on %s: %s (its Cancelled state "
+                               "keeps it all)", name, host.name, error_line(exc))
             raise
         host.write_text(job_dir / CASE_LOG_FILE, "\n".join(lines) + ("\n" if lines else ""))
         return result
@@ -479,6 +480,7 @@ class DockerRuntime(Runtime):
         lines: list[str] = []
         streamed: collections.deque[str] = collections.deque(maxlen=STREAMED_LINES_KEPT)
         container = None
+        unseen = False  # its create's answer was lost: the container may be on the engine, by its name
         running = False
         timed_out = False
         exit_code: int | None = None
@@ -515,10 +517,12 @@ class DockerRuntime(Runtime):
             except link_errors() as exc:  # no answer: as a link lost during the wait (the round may be tried again)
                 # a start whose answer was lost may have reached the engine: a container left running is said so
                 running = running or doing == "starting"
+                # a create whose answer was lost most often made the container: it is removed by its name below
+                unseen = doing == "creating"
                 logger.debug("the link to %s's container engine dropped while %s container %s", host.name, doing,
                              name, exc_info=exc)
                 raise _Lost(f"the link to {host.name}'s container engine dropped while {doing} container {name} "
-                            f"({_one_line(exc)})") from exc
+                            f"({error_line(exc)})") from exc
             if pid_file is not None:
                 host.write_text(pid_file, str(container.attrs["State"]["Pid"]))  # the monitors follow the case
             logger.info("container %s (%s) started on %s%s", container.short_id, s.image, host.name,
@@ -541,12 +545,15 @@ class DockerRuntime(Runtime):
             lines.append(f"container engine error: {exc.explanation or exc}")
             exit_code = None
             if running:  # it started: the engine's answer lost it, it did not fail to start
-                link = f"the container engine answered while the case ran: {_one_line(exc.explanation or exc)}"
+                link = f"the container engine answered while the case ran: {error_line(exc.explanation or exc)}"
         finally:
             if container is not None and not self._remove(host, container) and running and exit_code is None:
                 # lost, and its container not removed either: the round's retry may meet it on the same devices
                 link = (f"{link + '; ' if link else ''}container {name} could not be removed from {host.name}'s "
                         "engine and may still run there")
+            elif unseen and not self._remove(host, None, name):  # never started: it holds its name, nothing more
+                link = (f"{link + '; ' if link else ''}container {name} may have been created and could not be "
+                        f"removed from {host.name}'s engine")
             if env_dir is not None:
                 host.remove_tree(env_dir)
         return CommandResult(argv, exit_code, timed_out, time.monotonic() - started, link), lines
@@ -592,7 +599,7 @@ class DockerRuntime(Runtime):
                                 raise
                             pending = True
                         except link_errors() as exc:  # answered late: the removal goes on; looked at again
-                            said, pending = _one_line(exc), True
+                            said, pending = error_line(exc), True
                     if not pending:
                         return None
                     time.sleep(1.0)  # a poll of the engine's own kill and removal, not a timing assumption
@@ -600,7 +607,7 @@ class DockerRuntime(Runtime):
                 with contextlib.suppress(Exception):  # closing a link that dropped: nothing to keep
                     client.close()
         except (docker.errors.DockerException, *link_errors()) as exc:
-            return f"its containers could not be removed: {_one_line(exc)}"
+            return f"its containers could not be removed: {error_line(exc)}"
 
     def _wait(self, host: Host, container: Any, deadline: float) -> tuple[Any, int | None, bool, str | None]:
         """Wait for the container to end, killing it at ``deadline``: (the container as last reached, its exit
@@ -644,7 +651,7 @@ class DockerRuntime(Runtime):
             except docker.errors.APIError:
                 raise  # the engine's own answer
             except link_errors() as exc:
-                said = _one_line(exc)
+                said = error_line(exc)
             overran = time.monotonic() >= deadline
             container = followed[0] = self._reattach(host, container, said)
             state = container.attrs["State"]
@@ -677,13 +684,13 @@ class DockerRuntime(Runtime):
             except docker.errors.APIError as exc:
                 if exc.status_code != 409:
                     raise  # the engine's own answer
-                said = _one_line(exc)  # 409: not running; it ended between its deadline and the kill
+                said = error_line(exc)  # 409: not running; it ended between its deadline and the kill
                 container = self._reattach(host, container, said)
                 if not container.attrs["State"].get("Running"):
                     return container, exit_code_of(int(container.attrs["State"].get("ExitCode", 137))), True, link
                 continue
             except link_errors() as exc:
-                said = _one_line(exc)
+                said = error_line(exc)
             container = self._reattach(host, container, said)
             link = (f"the link to {host.name}'s container engine dropped while killing it at its timeout ({said}) "
                     "and was made again" + (f" ({drops + 1} times)" if drops else ""))
@@ -695,33 +702,35 @@ class DockerRuntime(Runtime):
         raise _Lost(f"it ran past its timeout and the link to {host.name}'s container engine dropped "
                     f"{MAX_LINK_DROPS + 1} times while killing container {container.name} (last: {said})")
 
-    def _remove(self, host: Host, container: Any) -> bool:
+    def _remove(self, host: Host, container: Any | None, name: str | None = None) -> bool:
         """Force-remove the container, through a new link if its own dropped (one left running beside the
-        round's retry would share its devices); whether it is gone. A failure is a warning, never in place of the
-        round's outcome."""
+        round's retry would share its devices); whether it is gone. No ``container`` (its create's answer was
+        lost): the one ``name`` names, if the engine has it, through a new link. A failure is a warning, never in
+        place of the round's outcome."""
         docker = require_docker()
         said = ""
-        for fresh in (False, True):
+        ref = container.id if container is not None else name
+        for fresh in (False, True) if container is not None else (True,):
             try:
-                (self.client_factory().containers.get(container.id) if fresh else container).remove(force=True)
+                (self.client_factory().containers.get(ref) if fresh else container).remove(force=True)
                 return True
-            except docker.errors.NotFound:
+            except docker.errors.NotFound:  # gone, or never made
                 return True
             except docker.errors.APIError as exc:
-                said = _one_line(exc)
+                said = error_line(exc)
                 if removal_in_progress(exc):  # the first try's, slower than its link's
-                    if self._removed_meanwhile(container):  # timeout (a large container on vfs): it is killed
+                    if self._removed_meanwhile(ref):  # timeout (a large container on vfs): it is killed
                         return True
                     break
             except (docker.errors.DockerException, *link_errors()) as exc:
-                said = _one_line(exc)
-        logger.warning("could not remove container %s on %s (%s): it may still run there", container.short_id,
-                       host.name, said)
+                said = error_line(exc)
+        logger.warning("could not remove container %s on %s (%s): it may still run there",
+                       container.short_id if container is not None else name, host.name, said)
         return False
 
-    def _removed_meanwhile(self, container: Any) -> bool:
-        """Whether a removal the engine has under way ends within API_TIMEOUT_S (its container is already killed,
-        so nothing of it runs meanwhile)."""
+    def _removed_meanwhile(self, ref: str) -> bool:
+        """Whether a removal the engine has under way (of the container ``ref``, an id or name) ends within
+        API_TIMEOUT_S (its container is already killed, so nothing of it runs meanwhile)."""
         docker = require_docker()
         deadline = time.monotonic() + API_TIMEOUT_S
         try:
@@ -731,7 +740,7 @@ class DockerRuntime(Runtime):
         try:
             while time.monotonic() < deadline:
                 try:
-                    client.containers.get(container.id)
+                    client.containers.get(ref)
                 except docker.errors.NotFound:
                     return True
                 except (docker.errors.DockerException, *link_errors()):
@@ -762,7 +771,7 @@ class DockerRuntime(Runtime):
                         f"(the link dropped first: {said})") from None
         except (docker.errors.DockerException, *link_errors()) as exc:
             raise _Lost(f"the link to {host.name}'s container engine dropped while waiting ({said}) and could not be "
-                        f"made again: {_one_line(exc)}") from None
+                        f"made again: {error_line(exc)}") from None
 
 
 class _Lost(Exception):
@@ -789,14 +798,7 @@ def link_errors() -> tuple[type[BaseException], ...]:
 def removal_in_progress(exc: Any) -> bool:
     """Whether the engine's answer to a removal (an APIError) says another removal of the container is under way
     (409): the engine has killed the container already, and that removal goes on."""
-    return exc.status_code == 409 and "in progress" in _one_line(exc)
-
-
-def _one_line(exc: object) -> str:
-    text = str(exc).strip().splitlines()
-    detail = text[0] if text else ""
-    kind = type(exc).__name__ if isinstance(exc, BaseException) else ""
-    return f"{kind}: {detail}" if kind and detail else kind or detail
+    return exc.status_code == 409 and "in progress" in error_line(exc)
 
 
 def _container_log(host: Host, container: Any, exit_code: int | None, streamed: collections.deque[str]) -> list[str]:
@@ -809,7 +811,7 @@ def _container_log(host: Host, container: Any, exit_code: int | None, streamed: 
         if exit_code != 0 and _oom_killed(container):
             lines.append(OOM_LINE)
     except (docker.errors.APIError, *link_errors()) as exc:  # its exit code stands; its log, as the stream got it
-        lines = [*streamed, f"[flagperf] its log could not be read from {host.name}'s engine: {_one_line(exc)}"]
+        lines = [*streamed, f"[flagperf] its log could not be read from {host.name}'s engine: {error_line(exc)}"]
     return lines
 
 
@@ -839,7 +841,7 @@ def _kill_when_stopped(threads: HostThreads, ended: threading.Event, followed: l
             container.kill()
             return
         except Exception as exc:  # ended meanwhile (409: its wait ends too), or its link is gone for now
-            logger.debug("container %s not killed at the stop (%s): tried again", container.name, _one_line(exc))
+            logger.debug("container %s not killed at the stop (%s): tried again", container.name, error_line(exc))
         ended.wait(STOP_POLL_S)
 
 

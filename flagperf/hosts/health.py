@@ -283,14 +283,18 @@ def check_results_disk(results_dir: Path, min_free_bytes: int = MIN_FREE_BYTES) 
 
 
 def image_probe_check(result_lines: list[str], exit_code: int | None, timed_out: bool, image: str,
-                      dockerfile: str = "the vendor's Dockerfile") -> tuple[Check, dict[str, Any] | None]:
+                      dockerfile: str = "the vendor's Dockerfile", link: str | None = None
+                      ) -> tuple[Check, dict[str, Any] | None]:
     """The probe's answer from inside the vendor image: the accelerators the cases will see there. A failure
-    names the Dockerfile the image was built from (``dockerfile``): that is what the vendor fixes."""
+    names the Dockerfile the image was built from (``dockerfile``): that is what the vendor fixes; one the link to
+    the engine caused (``link``: the runtime's word, CommandResult.link) names that instead."""
     last = next((line for line in reversed(result_lines) if line.strip()), "")
     built = f"{image} (built from {dockerfile})"
     if timed_out:
         return Check("accelerators in image", False, f"the probe in {built} did not answer within "
                                                      f"{PROBE_TIMEOUT_S:.0f} s"), None
+    if exit_code is None and link:  # no answer of the engine's: neither the image nor the options are at fault
+        return Check("accelerators in image", False, f"the probe in {built} was lost: {link}"), None
     if exit_code is None:  # the engine refused the container: its options, not the image, are at fault
         hint = ("; the engine could not apply the vendor's container.ulimits (raising a limit needs "
                 "CAP_SYS_RESOURCE where the engine runs)") if "rlimit" in last else ""

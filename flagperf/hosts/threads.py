@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from flagperf.errors import FlagperfError
 
@@ -23,37 +23,53 @@ class RoundsStopped(FlagperfError):
 
 # What a stopped case's state keeps of its log (CaseStopped.keep_tail): its case.log has it all
 STOPPED_TAIL_LINES = 50
-STOPPED_TAIL_CHARS = 4096
+STOPPED_TAIL_BYTES = 4096  # UTF-8
 
 
 class CaseStopped(RoundsStopped):
     """The evaluation's stop ended a round's case process (a container its watcher killed), and its runtime saw it
     end: its ``exit_code``, so that the controller records the end (tasks.container.seen_ended: the attempt's record
-    of prompt positions is final, not held at its bound), and the ``lines`` it printed (its case.log)."""
+    of prompt positions is final, not held at its bound), and the ``lines`` it printed (its case.log); ``logged``:
+    whether its case.log holds them."""
 
-    def __init__(self, message: str, exit_code: int, lines: list[str] | None = None) -> None:
+    def __init__(self, message: str, exit_code: int, lines: list[str] | None = None, logged: bool = False) -> None:
         super().__init__(message)
         self.exit_code = exit_code
         self.lines = list(lines or [])
+        self.logged = logged
 
     def keep_tail(self) -> None:
-        """Keep only the end of ``lines`` (STOPPED_TAIL_LINES, STOPPED_TAIL_CHARS in all; a longer last line by its
-        end), once its case.log was written: the error goes on into a Cancelled state's data, stored and shown by
-        Prefect, which a whole log would swell."""
+        """Keep only the end of ``lines`` (STOPPED_TAIL_LINES, STOPPED_TAIL_BYTES in all as UTF-8; a longer last line
+        by its end) where its case.log holds them all (``logged``): the error goes on into a Cancelled state's data,
+        stored and shown by Prefect, which a whole log would swell. Where its case.log could not be written the lines
+        stay whole: the state is their only copy."""
+        if not self.logged:
+            return
         kept: list[str] = []
         size = 0
         for line in reversed(self.lines[-STOPPED_TAIL_LINES:]):
-            if size + len(line) > STOPPED_TAIL_CHARS:
-                if not kept:
-                    kept.append(line[-STOPPED_TAIL_CHARS:])
+            encoded = line.encode("utf-8", "surrogateescape")
+            if size + len(encoded) > STOPPED_TAIL_BYTES:
+                if not kept:  # its end, cut on a character's boundary
+                    kept.append(encoded[-STOPPED_TAIL_BYTES:].decode("utf-8", "ignore"))
                 break
             kept.append(line)
-            size += len(line)
+            size += len(encoded)
         self.lines = kept[::-1]
 
-    def __reduce__(self) -> tuple[type[CaseStopped], tuple[str, int, list[str]]]:
+    def __reduce__(self) -> tuple[type[CaseStopped], tuple[str, int, list[str], bool]]:
         # args holds only the message: pickle (Prefect's result and state storage) and deepcopy call the class again
-        return type(self), (str(self), self.exit_code, self.lines)
+        return type(self), (str(self), self.exit_code, self.lines, self.logged)
+
+
+class Unstopped(NamedTuple):
+    """What a host's thread could not stop at the stop: ``what`` (e.g. "host-round/host-round run ID"), ``ref`` to
+    stop it by hand with (the run's id), and ``why``."""
+
+    host: str
+    what: str
+    ref: str
+    why: str
 
 
 class HostThreads:
@@ -61,7 +77,7 @@ class HostThreads:
         self._changed = threading.Condition()
         self._driving: dict[object, tuple[threading.Thread, tuple[str, ...]]] = {}
         self._stopping = threading.Event()
-        self._unstopped: list[tuple[str, str, str]] | None = []  # None once taken (take_unstopped)
+        self._unstopped: list[Unstopped] | None = []  # None once taken (take_unstopped)
 
     def run(self, hosts: Sequence[str], call: Callable[[], T]) -> T:
         """``call`` in this thread, counted as driving ``hosts`` until it returns; refused once stopping."""
@@ -88,19 +104,19 @@ class HostThreads:
         """Wait (at most ``timeout_s``) for the stop; whether it came."""
         return self._stopping.wait(timeout_s)
 
-    def note_unstopped(self, host: str, what: str, why: str) -> bool:
-        """Something of ``host`` that its thread could not stop at the stop (``what``: a run dispatched to its worker;
-        ``why``), for one line that names them all once the threads have ended (take_unstopped); False once that line
-        was said (a thread that outlived the wait): the caller says it alone."""
+    def note_unstopped(self, unstopped: Unstopped) -> bool:
+        """Something of a host that its thread could not stop at the stop (a run dispatched to its worker), for one
+        line that names them all once the threads have ended (take_unstopped); False once that line was said (a
+        thread that outlived the wait): the caller says it alone."""
         with self._changed:
             if self._unstopped is None:
                 return False
-            self._unstopped.append((host, what, why))
+            self._unstopped.append(unstopped)
             return True
 
-    def take_unstopped(self) -> list[tuple[str, str, str]]:
-        """What the threads noted they could not stop (note_unstopped), (host, what, why) each; later notes are said
-        by their threads alone."""
+    def take_unstopped(self) -> list[Unstopped]:
+        """What the threads noted they could not stop (note_unstopped); later notes are said by their threads
+        alone."""
         with self._changed:
             taken, self._unstopped = self._unstopped or [], None
             return taken

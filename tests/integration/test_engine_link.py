@@ -185,7 +185,7 @@ def test_a_rank_whose_container_is_gone_when_the_link_is_made_again_is_lost_and_
     head, _, tail = message.partition(f"; last lines of {CASE_LOG_FILE}: ")
     assert head.startswith(f"link-case round 1 on {host.name}: node rank 1 of 2 lost, not failed: its container "
                            f"{name} was removed from {host.name}'s engine while it ran (the link dropped "), message
-    assert tail.startswith(f"ready | [flagperf] its container {name} was removed"), message
+    assert tail == "ready", message  # what it printed; the lost line, which the log ends with, is said once
     assert "may still run" not in message, message
 
 

@@ -527,6 +527,7 @@ def test_a_docker_round_the_stop_killed_keeps_its_ended_marker_when_its_log_cann
     assert marker is not None and marker.is_file()
     assert not (stage / "attempt1" / CASE_LOG_FILE).exists()
     assert any("could not be kept" in r.getMessage() and "No space left" in r.getMessage() for r in caplog.records)
+    assert not outcome.logged and outcome.lines == ["[case] started", "[case] point 1 sent"]  # its only copy
 
 
 def test_a_docker_round_the_stop_killed_keeps_its_ended_marker_when_its_log_is_gone_from_the_engine(
@@ -583,7 +584,7 @@ def test_a_stopped_rounds_cancelled_state_keeps_the_end_of_its_log_and_its_case_
     of its task (whose data Prefect stores and shows) keeps the last lines only; it carried the whole log."""
     import pickle
 
-    from flagperf.hosts.threads import STOPPED_TAIL_CHARS, STOPPED_TAIL_LINES, CaseStopped
+    from flagperf.hosts.threads import STOPPED_TAIL_BYTES, STOPPED_TAIL_LINES, CaseStopped
     from flagperf.results.schema import CASE_LOG_FILE
     from tasks.container import stopped_state
 
@@ -602,19 +603,34 @@ def test_a_stopped_rounds_cancelled_state_keeps_the_end_of_its_log_and_its_case_
     kept = pickle.loads(pickle.dumps(state.data))  # as stored
     assert isinstance(kept, CaseStopped) and kept.exit_code == -9
     assert kept.lines == printed[-STOPPED_TAIL_LINES:]
-    assert sum(map(len, kept.lines)) <= STOPPED_TAIL_CHARS
+    assert sum(len(line.encode()) for line in kept.lines) <= STOPPED_TAIL_BYTES
 
 
-def test_a_stopped_cases_kept_tail_is_bounded_in_characters_too() -> None:
-    """Long lines: the tail keeps whole lines up to its size, and a last line longer than that by its end."""
-    from flagperf.hosts.threads import STOPPED_TAIL_CHARS, CaseStopped
+def test_a_stopped_cases_kept_tail_is_bounded_in_bytes_too() -> None:
+    """Long lines: the tail keeps whole lines up to its size in UTF-8 bytes (what is stored), not in characters, and
+    a last line longer than that by its end, cut on a character's boundary."""
+    from flagperf.hosts.threads import STOPPED_TAIL_BYTES, CaseStopped
 
-    wide = CaseStopped("the run is stopping", -9, ["a" * 1000, "b" * 1000, *["c" * 1500] * 2])
+    wide = CaseStopped("the run is stopping", -9, ["a" * 1000, "b" * 1000, *["c" * 1500] * 2], logged=True)
     wide.keep_tail()
     assert wide.lines == ["b" * 1000, *["c" * 1500] * 2]
-    one = CaseStopped("the run is stopping", -9, ["x", "y" * 10 + "z" * STOPPED_TAIL_CHARS])
+    # 700 characters of three bytes each: 2100 bytes a line, so one fits, where counting characters kept all five
+    chinese = CaseStopped("the run is stopping", -9, ["\u6d4b" * 700] * 5, logged=True)
+    chinese.keep_tail()
+    assert chinese.lines == ["\u6d4b" * 700]
+    one = CaseStopped("the run is stopping", -9, ["x", "y" * 10 + "\u00e9" * STOPPED_TAIL_BYTES], logged=True)
     one.keep_tail()
-    assert one.lines == ["z" * STOPPED_TAIL_CHARS]
+    assert one.lines == ["\u00e9" * (STOPPED_TAIL_BYTES // 2)]
+
+
+def test_a_stopped_case_whose_case_log_was_not_written_keeps_its_whole_log_in_its_state() -> None:
+    """Its case.log could not be written (a full disk): the Cancelled state's copy is the only one, kept whole."""
+    from flagperf.hosts.threads import STOPPED_TAIL_LINES, CaseStopped
+
+    printed = [f"[case] point {i} sent" for i in range(STOPPED_TAIL_LINES * 3)]
+    unlogged = CaseStopped("the run is stopping", -9, printed)
+    unlogged.keep_tail()
+    assert unlogged.lines == printed
 
 
 @pytest.mark.parametrize("step", ["create", "start", "reload"])
@@ -624,14 +640,11 @@ def test_a_link_lost_as_a_container_is_created_or_started_fails_the_round_in_one
     """The link to a host's engine drops (its engine gone, or the SSH connection that carries it) while a round's
     container is created, started or looked at after its start: the attempt fails as a lost link (an
     InfrastructureFailure, which is retried) in one line naming the host and the step, as a link lost during the wait
-    does; it was the SDK's raw requests or paramiko error, which no retry took. A container that may run is removed."""
+    does; it was the SDK's raw requests or paramiko error, which no retry took. A container that may be there is
+    removed: one whose create's answer was lost (most often it was made) by its name, through a new link; it was left
+    on the engine. The lost line is said once, not again as the log's last line."""
     import paramiko
     import requests
-
-    from flagperf.config.job import Job
-    from flagperf.config.plan import plan_run
-    from flagperf.errors import InfrastructureFailure
-    from tasks import container as container_module
 
     lost = (requests.exceptions.ConnectionError("('Connection aborted.', ConnectionResetError(104))")
             if error == "requests" else paramiko.SSHException("SSH session not active"))
@@ -646,16 +659,45 @@ def test_a_link_lost_as_a_container_is_created_or_started_fails_the_round_in_one
                 raise lost
 
     class DroppingClient(EngineClient):
-        def create(self, *args: object, **options: object) -> EngineContainer:
+        def __init__(self, container: EngineContainer) -> None:
+            super().__init__(container)
+            self.created: list[str] = []
+            self.asked: list[str] = []
+
+        def create(self, *args: object, name: str = "", **options: object) -> EngineContainer:
+            self.created.append(name)  # it reaches the engine; its answer may not come back
             if step == "create":
                 raise lost
             return self.container
 
+        def get(self, container_id: str) -> EngineContainer:
+            self.asked.append(container_id)
+            return self.container
+
+    engine = Dropping()
+    client = DroppingClient(engine)
+    line = lost_round_line(tmp_path, monkeypatch, engine, client)
+    doing = {"create": "creating", "start": "starting", "reload": "inspecting"}[step]
+    assert line.startswith("computation-FP32 round 1 on a: lost, not failed: the link to a's container engine "
+                           f"dropped while {doing} container flagperf-"), line
+    assert type(lost).__name__ in line and "\n" not in line, line
+    assert line.count("dropped while") == 1 and "case.log" not in line, line  # the log held the lost line alone
+    assert engine.removed.is_set()
+    if step == "create":  # removed by its name, through a new link
+        assert client.asked == client.created and client.created[0].startswith("flagperf-"), client.asked
+
+
+def lost_round_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: EngineContainer, client: Any) -> str:
+    """The failure line of a docker round on host "a" whose engine is ``client`` (its new links too), which loses
+    it."""
+    from flagperf.config.job import Job
+    from flagperf.config.plan import plan_run
+    from flagperf.errors import InfrastructureFailure
+    from tasks import container as container_module
+
     monkeypatch.setattr(container_module, "get_run_logger", lambda: logging.getLogger("test"))  # no task run around
     host = LocalHost(name="a", work_root=tmp_path / "a")
-    engine = Dropping()
     runtime = docker_runtime(host.work_root, engine)
-    client = DroppingClient(engine)
     runtime.client_factory = lambda: client
     plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
     case = plan.cases[0]
@@ -663,12 +705,31 @@ def test_a_link_lost_as_a_container_is_created_or_started_fails_the_round_in_one
               config=case.config, config_origins=case.origins, run_overrides=case.run_overrides, image={})
     with pytest.raises(InfrastructureFailure) as failed:
         container_module._run_case(host, runtime, job, host.work_root / "run-a" / case.name / "round1", 3600)
-    line = str(failed.value)
-    doing = {"create": "creating", "start": "starting", "reload": "inspecting"}[step]
+    return str(failed.value)
+
+
+@pytest.mark.parametrize("engine_has", ["none", "no-link"])
+def test_a_container_whose_create_answer_was_lost_is_looked_for_by_name_and_said_when_it_may_be_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine_has: str) -> None:
+    """The link drops as a round's container is created: the engine's NotFound for its name means it was never made
+    (nothing to say); where no new link can ask, the line says it may have been made and not removed."""
+    import docker
+    import requests
+
+    class Unmade(EngineClient):
+        def create(self, *args: object, **options: object) -> EngineContainer:
+            raise requests.exceptions.ConnectionError("('Connection aborted.', ConnectionResetError(104))")
+
+        def get(self, container_id: str) -> EngineContainer:
+            if engine_has == "none":
+                raise docker.errors.NotFound(f"No such container: {container_id}")
+            raise requests.exceptions.ConnectionError("Connection refused")
+
+    line = lost_round_line(tmp_path, monkeypatch, EngineContainer(), Unmade(EngineContainer()))
     assert line.startswith("computation-FP32 round 1 on a: lost, not failed: the link to a's container engine "
-                           f"dropped while {doing} container flagperf-"), line
-    assert type(lost).__name__ in line and "\n" not in line, line
-    assert engine.removed.is_set() == (step != "create")  # created: removed (a start may have reached the engine)
+                           "dropped while creating container flagperf-"), line
+    left = "may have been created and could not be removed from a's engine"
+    assert (left in line) == (engine_has == "no-link"), line
 
 
 def test_a_case_stopped_survives_pickling_and_deep_copy() -> None:
@@ -679,10 +740,10 @@ def test_a_case_stopped_survives_pickling_and_deep_copy() -> None:
 
     from flagperf.hosts.threads import CaseStopped
 
-    stopped = CaseStopped("the run is stopping", -9, ["[case] started"])
+    stopped = CaseStopped("the run is stopping", -9, ["[case] started"], logged=True)
     for again in (pickle.loads(pickle.dumps(stopped)), copy.deepcopy(stopped)):
         assert type(again) is CaseStopped and str(again) == "the run is stopping"
-        assert again.exit_code == -9 and again.lines == ["[case] started"]
+        assert again.exit_code == -9 and again.lines == ["[case] started"] and again.logged
 
 
 def test_a_docker_rounds_wait_outside_a_stop_is_the_containers_own(tmp_path: Path) -> None:
@@ -786,12 +847,54 @@ def test_a_stop_while_the_server_does_not_answer_ends_the_wait_for_a_dispatched_
     assert len(warnings) == 1 and f"could not cancel host-round/host-round run {run_id} on host far" in warnings[0]
 
 
+class LookClock:
+    """flows.evaluate's clock (its ``time``) for a wait on a dispatched run: it moves ``step_s`` at each look
+    (``advance``, called where the run is read) and at nothing else; its sleep returns at once. A wait's verdict
+    then depends on how many looks it took, not on the speed of the machine."""
+
+    def __init__(self, step_s: float) -> None:
+        self.now, self.step_s = 0.0, step_s
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        pass
+
+    def advance(self) -> None:
+        self.now += self.step_s
+
+
+class ReadsCounted:
+    """A Prefect client whose read of a flow run moves ``clock`` a look on and then answers ``answers`` in turn (a
+    FlowRun; an exception, raised; None: the client's own answer), the client's own once they are spent."""
+
+    def __init__(self, client: Any, clock: LookClock, answers: list[Any] | None = None) -> None:
+        self.client, self.clock, self.answers = client, clock, list(answers or [])
+        self.set_states: list[tuple[str, bool]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.client, name)
+
+    def read_flow_run(self, flow_run_id: object) -> object:
+        self.clock.advance()
+        answer = self.answers.pop(0) if self.answers else None
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer if answer is not None else self.client.read_flow_run(flow_run_id)
+
+    def set_flow_run_state(self, flow_run_id: object, state: Any, force: bool = False) -> object:
+        self.set_states.append((state.name, force))
+        return self.client.set_flow_run_state(flow_run_id, state, force=force)
+
+
 @pytest.mark.parametrize("picked_up", [False, True], ids=["waiting", "running"])
 def test_a_dispatched_runs_timeout_while_the_server_does_not_answer_fails_the_host_in_one_line(
-        picked_up: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        picked_up: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """The Prefect server stops answering while the controller waits on a host's dispatched run: at
     agent.start_timeout_s (no worker seen to pick it up) or agent.timeout_s the host fails in one line that says the
-    server has not answered, and that the run could not be cancelled and how to, not with httpx's error."""
+    server has not answered, and that the run could not be cancelled and how to, not with httpx's error; the silence
+    was said once, in a warning, when it passed a minute (it was silent up to agent.timeout_s, a day)."""
     import uuid
 
     from prefect.client.schemas.objects import FlowRun
@@ -800,34 +903,221 @@ def test_a_dispatched_runs_timeout_while_the_server_does_not_answer_fails_the_ho
     from flagperf.errors import InfrastructureFailure
     from flows import evaluate
 
-    monkeypatch.setattr(evaluate, "AGENT_POLL_S", 0.01)
+    clock = LookClock(step_s=20)
+    monkeypatch.setattr(evaluate, "time", clock)
     run_id = uuid.uuid4()
     seen = FlowRun(id=run_id, name="quiet-fox", flow_id=uuid.uuid4(), state=Running() if picked_up else Scheduled())
     spec = HostSpec.model_validate({"name": "far", "address": "localhost",
-                                    "agent": {"start_timeout_s": 0.05, "timeout_s": 0.1 if picked_up else 3600}})
-
-    class AnsweredOnce:  # the server's first answer (the run as dispatched, or picked up), then none
-        def __init__(self, client: Any) -> None:
-            self.client, self.reads = client, 0
-
-        def __getattr__(self, name: str) -> object:
-            return getattr(self.client, name)
-
-        def read_flow_run(self, flow_run_id: object) -> object:
-            self.reads += 1
-            return seen if self.reads == 1 else self.client.read_flow_run(flow_run_id)
-
+                                    "agent": {"start_timeout_s": 100, "timeout_s": 200 if picked_up else 3600}})
     with unanswering_server("closed"), evaluate.one_try_client(evaluate.POLL_TIMEOUT_S) as client, \
-            pytest.raises(InfrastructureFailure) as failed:
-        evaluate._wait_for_agent(AnsweredOnce(client), spec, run_id, "host-round/host-round")  # type: ignore[arg-type]
+            caplog.at_level(logging.INFO), pytest.raises(InfrastructureFailure) as failed:
+        # the server's first answer (the run as dispatched, or picked up), then none
+        evaluate._wait_for_agent(ReadsCounted(client, clock, [seen]), spec, run_id,  # type: ignore[arg-type]
+                                 "host-round/host-round")
     line = str(failed.value)
     assert "\n" not in line
+    # looks at 20 s (answered), 40 s (silent since), 60 s...: past the timeout at 120 s (220 s) the host fails
     if picked_up:
-        assert line.startswith("host far: host-round/host-round run quiet-fox did not end within agent.timeout_s")
+        assert line.startswith("host far: host-round/host-round run quiet-fox did not end within agent.timeout_s = "
+                               "200 s; the Prefect server has not answered for 180 s (ConnectError"), line
     else:
-        assert line.startswith("host far: no worker on work queue host-far picked up host-round/host-round within")
-    assert "the Prefect server has not answered for" in line and "ConnectError" in line, line
+        assert line.startswith("host far: no worker on work queue host-far picked up host-round/host-round within "
+                               "100 s; the Prefect server has not answered for 80 s (ConnectError"), line
     assert "could not be cancelled (ConnectError" in line and f"prefect flow-run cancel {run_id}" in line, line
+    said = [r for r in caplog.records if r.name != "httpx" and r.levelno >= logging.INFO]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING, [r.getMessage() for r in said]
+    assert said[0].getMessage().startswith("host far: the Prefect server has not answered for 60 s (ConnectError")
+
+
+def test_a_server_that_answers_again_is_said_once_and_the_wait_goes_on(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The Prefect server is silent for two minutes while a host's run runs, then answers: one warning when the
+    silence passed a minute, one line when it answers again, and the wait ends with the run's end."""
+    import uuid
+
+    import httpx
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.states import Completed, Running
+
+    from flows import evaluate
+
+    clock = LookClock(step_s=10)
+    monkeypatch.setattr(evaluate, "time", clock)
+    run_id = uuid.uuid4()
+    spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {}})
+    running, done = (FlowRun(id=run_id, name="quiet-fox", flow_id=uuid.uuid4(), state=state)
+                     for state in (Running(), Completed()))
+    silence = [httpx.ConnectError("[Errno 111] Connection refused")] * 12  # 120 s
+    client = ReadsCounted(object(), clock, [running, *silence, running, running, done])
+    with caplog.at_level(logging.INFO):
+        ended = evaluate._wait_for_agent(client, spec, run_id, "host-round/host-round")  # type: ignore[arg-type]
+    assert ended is done
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= logging.INFO]
+    assert [level for level, _ in said] == [logging.WARNING, logging.INFO], said
+    assert said[0][1].startswith("host far: the Prefect server has not answered for 60 s (ConnectError: [Errno 111] "
+                                 "Connection refused)"), said
+    assert said[1][1] == (f"host far: the Prefect server answers again after 120 s; host-round/host-round run "
+                          f"{run_id} is Running"), said
+
+
+@pytest.mark.parametrize("now", ["scheduled", "pending", "running", "completed"])
+def test_a_timeout_cancels_the_run_as_it_is_now_not_as_last_seen(
+        now: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """agent.start_timeout_s passes with a host's run last seen waiting: the run is read again first. Still waiting
+    (scheduled, pending): Cancelled, forced; picked up since (running): Cancelling, not forced, on which its worker
+    ends the process (a forced Cancelled left it running); ended since: left as it ended, and the wait ends with it
+    (a forced Cancelled relabelled its outcome)."""
+    import types
+    import uuid
+
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.states import Completed, Pending, Running, Scheduled
+
+    from flagperf.errors import InfrastructureFailure
+    from flows import evaluate
+
+    clock = LookClock(step_s=20)
+    monkeypatch.setattr(evaluate, "time", clock)
+    run_id = uuid.uuid4()
+    spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {"start_timeout_s": 100}})
+    seen = [FlowRun(id=run_id, name="quiet-fox", flow_id=uuid.uuid4(), state=state)
+            for state in (Scheduled(), {"scheduled": Scheduled(), "pending": Pending(), "running": Running(),
+                                        "completed": Completed()}[now])]
+    # looks at 20 s ... 120 s see it waiting; the timeout's read finds it as it is now
+    client = ReadsCounted(types.SimpleNamespace(set_flow_run_state=lambda *args, **options: None), clock,
+                          [seen[0]] * 6 + [seen[1]])
+    if now == "completed":
+        assert evaluate._wait_for_agent(client, spec, run_id, "host-round/host-round") is seen[1]  # type: ignore
+        assert client.set_states == []
+        return
+    with pytest.raises(InfrastructureFailure, match="no worker on work queue host-far picked up"):
+        evaluate._wait_for_agent(client, spec, run_id, "host-round/host-round")  # type: ignore[arg-type]
+    assert client.set_states == ([("Cancelling", False)] if now == "running" else [("Cancelled", True)])
+
+
+def test_a_look_at_a_dispatched_run_tries_a_refused_connection_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One look at a dispatched run is one connection: Prefect's client turned its own retries off, and its
+    connection pool's too (it tried a refused connection 3 more times, a second and a half; with a server that drops
+    the connection silently, 4 connect timeouts)."""
+    import uuid
+
+    import httpcore._backends.sync as sync_backend
+    import httpx
+
+    from flows import evaluate
+
+    tried: list[object] = []
+    connect = sync_backend.SyncBackend.connect_tcp
+
+    def counted(self: Any, *args: Any, **options: Any) -> Any:
+        tried.append(args)
+        return connect(self, *args, **options)
+
+    monkeypatch.setattr(sync_backend.SyncBackend, "connect_tcp", counted)
+    with unanswering_server("closed"), evaluate.one_try_client(evaluate.POLL_TIMEOUT_S) as client, \
+            pytest.raises(httpx.ConnectError):
+        client.read_flow_run(uuid.uuid4())
+    assert len(tried) == 1, tried
+
+
+@contextlib.contextmanager
+def answering_server(status: int, headers: dict[str, str], on_request: Any = None,
+                     userinfo: str = "") -> Iterator[list[str]]:
+    """PREFECT_API_URL (with ``userinfo``, e.g. "user:secret@") at a server that answers every request ``status`` with
+    ``headers``, calling ``on_request`` with how many it got first. Yields the requests' paths."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    asked: list[str] = []
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # http.server calls them by these names
+            asked.append(self.path)
+            if on_request is not None:
+                on_request(len(asked))
+            self.send_response(status)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_POST = do_PATCH = do_PUT = do_DELETE = do_GET
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with temporary_settings({PREFECT_API_URL: f"http://{userinfo}127.0.0.1:{server.server_port}/api"}):
+            yield asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_stop_while_the_server_asks_to_be_asked_again_in_an_hour_ends_the_wait_at_once(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The Prefect server answers every request 503 with Retry-After: 3600, and the evaluation stops during the first
+    look at a host's run: the wait ends (RoundsStopped), and its cancel is given up at its deadline and said; Prefect's
+    client, even with its retries off, slept the hour inside that one look, and the stop with it."""
+    import uuid
+    from contextvars import copy_context
+
+    from flows import evaluate
+
+    monkeypatch.setattr(evaluate, "CANCEL_DEADLINE_S", 0.5)  # the cancel is held an hour too: given up sooner here
+    spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {}})
+    run_id = uuid.uuid4()
+    threads = HostThreads()
+    token = HOST_THREADS.set(threads)
+    ended: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            threads.run(["far"], lambda: evaluate.wait_for_agent(spec, run_id, "host-round/host-round"))
+        except BaseException as exc:
+            ended.append(exc)
+
+    try:
+        with answering_server(503, {"Retry-After": "3600"}, lambda asked: asked == 1 and threads.stop()) as asked, \
+                caplog.at_level(logging.WARNING):
+            waiter = threading.Thread(target=copy_context().run, args=(wait,), daemon=True)
+            waiter.start()
+            waiter.join(DEADLINE_S)  # a guard against the hour's hang, not a timing assumption
+            assert not waiter.is_alive(), "the wait held the stop while the server asked to be asked again later"
+            evaluate.stop_host_threads(threads, grace_s=0)
+    finally:
+        HOST_THREADS.reset(token)
+    assert len(ended) == 1 and isinstance(ended[0], RoundsStopped), ended
+    assert asked[0] == f"/api/flow_runs/{run_id}" and len(asked) == 2, asked  # the look, then the cancel's read
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        f"could not cancel host-round/host-round run {run_id} on host far (no answer within"), warnings
+
+
+def test_a_server_error_on_a_look_fails_the_host_in_one_line_without_the_apis_credentials(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Prefect server answers a look at a host's run 500 (its own failure, which asking again does not mend; it
+    was taken for busy and asked again up to agent.timeout_s): the host fails at once in one line with the status,
+    not the URL, which held PREFECT_API_URL's user and password."""
+    import uuid
+
+    from flagperf.errors import InfrastructureFailure
+    from flows import evaluate
+
+    monkeypatch.setattr(evaluate, "time", LookClock(step_s=0))  # no sleep between looks
+    spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {}})
+    run_id = uuid.uuid4()
+    with answering_server(500, {}, userinfo="flagperf:s3cret-word@") as asked, \
+            pytest.raises(InfrastructureFailure) as failed:
+        evaluate.wait_for_agent(spec, run_id, "host-round/host-round")
+    line = str(failed.value)
+    assert line.startswith(f"host far: the Prefect server's answer to a look at host-round/host-round run {run_id} "
+                           "was PrefectHTTPStatusError: 500 Internal Server Error; it could not be cancelled "
+                           "(PrefectHTTPStatusError: 500 Internal Server Error)"), line
+    assert "s3cret" not in line and "flagperf:" not in line and "\n" not in line, line
+    assert asked == [f"/api/flow_runs/{run_id}"] * 2, asked  # one look, then its cancel's read
 
 
 def test_the_runs_an_interrupt_could_not_cancel_are_named_in_one_line_for_all_hosts(

@@ -64,3 +64,13 @@ def test_a_container_the_engine_refused_says_it_did_not_start_and_why() -> None:
                                    "container engine error: failed to create shim task")
     assert check.detail.endswith("; the engine could not apply the vendor's container.ulimits (raising a limit "
                                  "needs CAP_SYS_RESOURCE where the engine runs)")
+
+
+def test_a_probe_the_link_lost_says_the_link_was_lost_not_that_the_engine_refused_it() -> None:
+    """The link to a host's engine drops as the probe's container starts: the check says the probe was lost and why,
+    not that the container did not start (which reads as the engine refusing the vendor's container options)."""
+    link = ("the link to h2's container engine dropped while starting container flagperf-probe-h2 (ConnectionError: "
+            "('Connection aborted.', ConnectionResetError(104)))")
+    check, probe = image_probe_check([f"[flagperf] {link}"], None, False, "img:1", "d/Dockerfile", link)
+    assert probe is None and not check.ok
+    assert check.detail == f"the probe in img:1 (built from d/Dockerfile) was lost: {link}", check.detail
