@@ -76,7 +76,7 @@ from flagperf.results.schema import (
     write_json_atomic,
     write_result,
 )
-from flagperf.results.summary import INTERRUPTED_FILE, RETRIES_DIR
+from flagperf.results.summary import INTERRUPTED_FILE, RETRIES_DIR, SUMMARY_JSON
 from flagperf.stopping import signals_noted
 from flows.host_round import (
     at_endpoint,
@@ -251,8 +251,9 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
                     inventory_overrides=inv.case_overrides, inventory_source=inv.source,
                     inventory_endpoints=inv.endpoints, resume=resume)
     run_dir = plan.run_dir.resolve()
-    # Held until the summary is written: a reader tells a run still going from one whose controller was killed
-    with controller_record(run_dir, flow_run_id):
+    # Held while the run runs: a reader tells a run still going from one whose controller was killed, or ended
+    # before its summary (a failed check, Ctrl-C during an image build: the record says so)
+    with controller_record(run_dir, run_dir / SUMMARY_JSON, flow_run_id):
         return run_planned(plan, inv, run_dir, flow_run_id, monitor_interval_s, command)
 
 
