@@ -170,3 +170,29 @@ def test_a_credentials_file_too_large_is_one_line_that_shows_none_of_it(tmp_path
                                f"{MAX_AUTH_FILE_BYTES} bytes; not read")
     path.write_bytes(body[:MAX_AUTH_FILE_BYTES])  # at the limit: read, and judged as any other
     assert find_credentials(path).auth_string == body[:MAX_AUTH_FILE_BYTES].decode()
+
+
+def test_a_credentials_file_replaced_after_its_checks_is_checked_again_as_opened(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its mode and owner were checked on the name, then a separate open read whatever lay there by then: a file
+    readable by all put there between the two was read as the secret. The file opened is checked itself. (The
+    replacement is made just before the open, through the module's os.open: the race, made certain.)"""
+    from flagperf.errors import ConfigError
+    from flagperf.site import auth
+
+    path = tmp_path / "server-auth"
+    path.write_text("lab:long-enough-password-1234\n")
+    path.chmod(0o600)
+    opened = os.open
+
+    def replaced_first(name: str, flags: int, *args: int) -> int:
+        swap = tmp_path / "swap"
+        swap.write_text("lab:another-password-of-a-file-others-read\n")
+        swap.chmod(0o644)
+        swap.replace(path)
+        return opened(name, flags, *args)
+
+    monkeypatch.setattr(auth.os, "open", replaced_first)
+    with pytest.raises(ConfigError) as info:
+        auth.read_auth_file(path)
+    assert str(info.value) == f"{path}: mode 0644 lets others read it; chmod 600 {path}", str(info.value)
