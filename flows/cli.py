@@ -346,6 +346,7 @@ def run(
     from flagperf.hosts.docker import owner_labels
     from flagperf.hosts.flagperf_training import default_cluster_conf, open_inventory
     from flagperf.hosts.inventory import load_inventory, local_inventory
+    from flagperf.results.controller import CONTROLLER_FILE, held_by, run_held
     from flagperf.results.summary import SUMMARY_JSON, read_summary_json
 
     case_list = [c.strip() for c in cases.split(",") if c.strip()] if cases is not None else None
@@ -384,6 +385,10 @@ def run(
                                                       host_config or test_conf)
             if retry and (results.resolve() != retry.parent.resolve() or not (retry / PLAN_FILE).is_file()):
                 raise ConfigError("--retry", None, f"{retry}: not a run folder of {results} (no {PLAN_FILE} there)")
+            # A run still going: refused before any server starts or anything is written to its folder (its
+            # controller.log, its prefect-server.log); the flow refuses it again where it starts (a UI retry)
+            if retry and (holder := held_by(retry / CONTROLLER_FILE)) is not None:
+                raise ConfigError("--retry", None, str(run_held(retry, holder)))
             if run_id is not None and (problem := run_id_problem(run_id)):  # nor a name the folder uses itself
                 raise ConfigError("--run-id", None, problem)
             if run_id is not None and retry is None and os.path.lexists(results / run_id):

@@ -76,7 +76,7 @@ from flagperf.results.schema import (
     write_json_atomic,
     write_result,
 )
-from flagperf.results.summary import INTERRUPTED_FILE, RETRIES_DIR
+from flagperf.results.summary import INTERRUPTED_FILE, RETRIES_DIR, SUMMARY_JSON
 from flagperf.stopping import signals_noted
 from flows.host_round import (
     at_endpoint,
@@ -96,6 +96,7 @@ from tasks.image import build_image, probe_image
 route_core_logs()
 MAX_PARALLEL_HOSTS = 64  # threads that drive hosts at once (each mostly waits on its host)
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 BAD_INPUT = "bad input: "  # a failed state's message starting so means nothing ran: the CLI exits 2
@@ -232,8 +233,8 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
     # the hosts' probes, not at the first round's start
     owner_labels()
     if not MIN_MONITOR_INTERVAL_S <= monitor_interval_s <= MAX_MONITOR_INTERVAL_S:
-        raise ConfigError("monitor_interval_s", None, f"must be between {MIN_MONITOR_INTERVAL_S} and "
-                                                      f"{MAX_MONITOR_INTERVAL_S} seconds, got {monitor_interval_s}")
+        raise ConfigError("monitor_interval_s", None, f"must be between {MIN_MONITOR_INTERVAL_S:g} and "
+                                                      f"{MAX_MONITOR_INTERVAL_S:g} seconds, got {monitor_interval_s}")
     command = command or describe_invocation()
     inv = open_inventory(inventory, cluster_conf)
     for note in inv.notes:
@@ -251,8 +252,9 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
                     inventory_overrides=inv.case_overrides, inventory_source=inv.source,
                     inventory_endpoints=inv.endpoints, resume=resume)
     run_dir = plan.run_dir.resolve()
-    # Held until the summary is written: a reader tells a run still going from one whose controller was killed
-    with controller_record(run_dir, flow_run_id):
+    # Held while the run runs: a reader tells a run still going from one whose controller was killed, or ended
+    # before its summary (a failed check, Ctrl-C during an image build: the record says so)
+    with controller_record(run_dir, run_dir / SUMMARY_JSON, flow_run_id):
         return run_planned(plan, inv, run_dir, flow_run_id, monitor_interval_s, command)
 
 
@@ -525,7 +527,16 @@ CaseName = Annotated[str, _choices(list(available_cases()))]
 VendorName = Annotated[str, _choices(["auto", *available_vendors()])]
 
 
+def limits_in_doc(fn: F) -> F:
+    """``fn`` with its docstring's {min_interval_s} and {max_interval_s} filled in from the limits the code checks:
+    Prefect's form shows each parameter's line of it."""
+    fn.__doc__ = (fn.__doc__ or "").format(min_interval_s=f"{MIN_MONITOR_INTERVAL_S:g}",
+                                           max_interval_s=f"{MAX_MONITOR_INTERVAL_S:g}")
+    return fn
+
+
 @flow(name="evaluate", log_prints=True, validate_parameters=True)
+@limits_in_doc
 def evaluate_form(
     suite: SuiteName = DEFAULT_SUITE,
     cases: list[CaseName] = [],  # noqa: B006 - Prefect's form needs a plain default; it is never changed
@@ -554,7 +565,7 @@ def evaluate_form(
         results_dir: The results folder on the worker's machine; the run is written to a folder inside it.
             Empty: the folder the server's results site serves (FLAGPERF_RESULTS_DIR, set by `flagperf server`),
             else `results` in the worker's folder.
-        monitor_interval_s: Seconds between monitor samples (0.1 to 60).
+        monitor_interval_s: Seconds between monitor samples ({min_interval_s} to {max_interval_s}).
     """
     return evaluation_state(None if cases else suite, list(cases) or None, None if vendor == "auto" else vendor,
                             rounds or None, list(overrides) or None, inventory or None,

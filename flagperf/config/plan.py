@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -46,12 +47,15 @@ from flagperf.paths import (
     suite_roots,
 )
 from flagperf.results.bounded import MAX_RECORD_BYTES
+from flagperf.results.controller import CONTROLLER_FILE
 from flagperf.results.provenance import git_revision, search_path_code, source_code, source_digest
 from flagperf.results.schema import MAX_ROUNDS
 
 DEFAULT_SUITE = "smoke"
 PLAN_FILE = "plan.json"
 log = logging.getLogger("flagperf.config.plan")
+# atomic_path's temporary name of a controller.lock (written so before the record was written in place)
+RECORD_TEMPORARY = re.compile(rf"\.{re.escape(CONTROLLER_FILE)}\.[0-9a-f]{{12}}\.tmp")
 
 
 class CasePlan(BaseModel):
@@ -492,11 +496,14 @@ def read_plan(run_dir: Path) -> RunPlan:
 
 
 def _is_empty_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder holding nothing of a run: nothing, or only a controller's record (and the
+    temporary files an earlier version wrote it through): a controller stopped before its plan leaves only that. A
+    controller still holding it refuses the run where it starts (controller_record)."""
     if path.is_symlink() or not path.is_dir():
         return False
     try:
         with os.scandir(path) as entries:
-            return next(entries, None) is None
+            return all(entry.name == CONTROLLER_FILE or RECORD_TEMPORARY.fullmatch(entry.name) for entry in entries)
     except OSError:
         return False
 

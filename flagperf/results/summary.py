@@ -202,8 +202,9 @@ def hosts_left_out(run_dir: Path, summary: RunSummary) -> str | None:
     written = summary_written(run_dir)
     # An empty record ({}) says no interruption, as the report reads it (its "interrupted" line is only for one)
     ended = not interrupted and written == "ended"
-    # Neither, and the controller that ran it provably gone (killed hard: SIGKILL, a power cut): it never will end
-    gone = controller_gone(run_dir) if not interrupted and not ended else None
+    # Neither, and the controller that ran it provably gone (killed hard: SIGKILL, a power cut; or ended on an error
+    # before its summary, as its record says): it never will end
+    gone = controller_gone(run_dir, run_dir / SUMMARY_JSON) if not interrupted and not ended else None
 
     def why(case: str, round_no: int, host: str, rank: int, folder: bool) -> str:
         if interrupted:  # a folder of a round not started is one the stop left without a result
@@ -212,7 +213,7 @@ def hosts_left_out(run_dir: Path, summary: RunSummary) -> str | None:
         if gone:
             died = (f"the run ended without its {SUMMARY_JSON}" if written == "none" else
                     f"the run's retry ended without its {SUMMARY_JSON} (the one there is an earlier attempt's)")
-            return f"{f'no {RESULT_FILE}' if folder else 'not run'}: {died}, {gone}"
+            return f"{f'no {RESULT_FILE}' if folder else 'not run'}: {died}, {gone.text}"
         unfinished = (f"the run is not finished (no {SUMMARY_JSON})" if written == "none" else
                       f"the run is not finished (a retry runs: its {SUMMARY_JSON} is an earlier attempt's)")
         if folder:  # an attempt's failure.txt is kept only for a round that was retried: nothing else to read

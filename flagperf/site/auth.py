@@ -29,7 +29,6 @@ from pathlib import Path
 
 from flagperf.errors import ConfigError, printable
 from flagperf.paths import PROJECT_ROOT
-from flagperf.results.bounded import read_bounded
 
 AUTH_FILE_ENV = "FLAGPERF_AUTH_FILE"
 SERVER_AUTH_ENV = "PREFECT_SERVER_API_AUTH_STRING"
@@ -181,7 +180,8 @@ def check_auth_string(value: str, source: str) -> str:
 
 def read_auth_file(path: Path) -> Credentials:
     """The credentials in ``path``, after checking that only its owner can read it and that it is no file of this
-    project. Checking reads it, never runs it."""
+    project. Checking reads it, never runs it. Its kind, mode, owner and size are checked again on the file opened:
+    the one read is the one checked, though the name be replaced meanwhile."""
     where = str(path)
     try:
         info = path.stat()
@@ -189,6 +189,36 @@ def read_auth_file(path: Path) -> Credentials:
         raise ConfigError(where, None, f"no such file; {how_to_set()}") from None
     except OSError as exc:
         raise ConfigError(where, None, f"cannot be read: {exc.strerror or exc}") from None
+    _check_auth_file(info, path)
+    resolved = path.resolve()
+    if resolved.is_relative_to(PROJECT_ROOT):
+        raise ConfigError(where, None, f"lies inside the project ({printable(str(PROJECT_ROOT))}), where it could be "
+                                       f"committed or served; keep it elsewhere, e.g. "
+                                       f"{printable(str(default_auth_file()))}")
+    try:
+        fd = os.open(resolved, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO put there meanwhile: no wait
+    except OSError as exc:
+        raise ConfigError(where, None, f"cannot be read: {exc.strerror or type(exc).__name__}") from None
+    with os.fdopen(fd, "rb") as handle:
+        _check_auth_file(os.fstat(fd), path)
+        try:
+            data = handle.read(MAX_AUTH_FILE_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(where, None, f"cannot be read: {exc.strerror or type(exc).__name__}") from None
+    if len(data) > MAX_AUTH_FILE_BYTES:  # grown since it was checked
+        raise ConfigError(where, None, f"is more than {MAX_AUTH_FILE_BYTES} bytes; a sign-in file holds one line "
+                                       "user:password; not read")
+    try:
+        text = data.decode("utf-8-sig")  # a byte order mark before the user name taken off
+    except UnicodeDecodeError:  # the codec's text would quote a byte of the secret and its place: never shown
+        raise ConfigError(where, None, "is not UTF-8 text; it must hold one line user:password in UTF-8 (saved "
+                                       "as UTF-8, not a legacy code page or UTF-16)") from None
+    return Credentials(check_auth_string(text.rstrip("\r\n"), where), where)
+
+
+def _check_auth_file(info: os.stat_result, path: Path) -> None:
+    """A sign-in file's kind, mode, owner and size, as ``info`` (of its name, or of the file opened) gives them."""
+    where = str(path)
     if not stat.S_ISREG(info.st_mode):
         raise ConfigError(where, None, "is not a regular file")
     if info.st_mode & 0o077:
@@ -196,27 +226,9 @@ def read_auth_file(path: Path) -> Credentials:
                                        f"{printable(shlex.quote(str(path)))}")  # copyable, whatever the name holds
     if info.st_uid != os.geteuid():
         raise ConfigError(where, None, "belongs to another user; the server's own user must own it (chmod 600)")
-    resolved = path.resolve()
-    if resolved.is_relative_to(PROJECT_ROOT):
-        raise ConfigError(where, None, f"lies inside the project ({printable(str(PROJECT_ROOT))}), where it could be "
-                                       f"committed or served; keep it elsewhere, e.g. "
-                                       f"{printable(str(default_auth_file()))}")
     if info.st_size > MAX_AUTH_FILE_BYTES:
         raise ConfigError(where, None, f"is {info.st_size} bytes; a sign-in file holds one line user:password, at "
                                        f"most {MAX_AUTH_FILE_BYTES} bytes; not read")
-    try:
-        data = read_bounded(resolved, MAX_AUTH_FILE_BYTES)  # checked again on the open file; a FIFO never waited on
-    except OSError as exc:
-        raise ConfigError(where, None, f"cannot be read: {exc.strerror or type(exc).__name__}") from None
-    except ValueError:  # it changed since the checks above
-        raise ConfigError(where, None, f"is no longer a regular file of at most {MAX_AUTH_FILE_BYTES} bytes; "
-                                       "not read") from None
-    try:
-        text = data.decode("utf-8-sig")  # a byte order mark before the user name taken off
-    except UnicodeDecodeError:  # the codec's text would quote a byte of the secret and its place: never shown
-        raise ConfigError(where, None, "is not UTF-8 text; it must hold one line user:password in UTF-8 (saved "
-                                       "as UTF-8, not a legacy code page or UTF-16)") from None
-    return Credentials(check_auth_string(text.rstrip("\r\n"), where), where)
 
 
 def find_credentials(auth_file: Path | None = None, *, server: bool = True) -> Credentials | None:

@@ -20,7 +20,7 @@ from uuid import UUID
 from flagperf.errors import ConfigError
 from flagperf.paths import NAME_PATTERN
 from flagperf.results.bounded import read_json_file
-from flagperf.results.controller import controller_gone
+from flagperf.results.controller import ControllerGone, controller_gone
 from flagperf.results.operators import is_operation
 from flagperf.results.summary import INTERRUPTED_FILE, PLAN_JSON, SUMMARY_JSON, fmt
 
@@ -113,15 +113,16 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def outcome_of(summary: dict[str, Any], interrupted: bool, killed: bool = False) -> tuple[str, str]:
-    """The run's outcome in a few words, and its tone. ``killed``: its controller is gone without a word (SIGKILL, a
-    power cut: flagperf.results.controller), so a run with no summary will get none."""
+def outcome_of(summary: dict[str, Any], interrupted: bool, gone: ControllerGone | None = None) -> tuple[str, str]:
+    """The run's outcome in a few words, and its tone. ``gone``: its controller is gone (flagperf.results.controller),
+    so a run with no summary will get none: killed without a word (SIGKILL, a power cut), or ended before it (an
+    error, Ctrl-C before any round)."""
     counts = summary.get("counts") or {}
     rounds, success = int(counts.get("rounds", 0)), int(counts.get("success", 0))
     failed, unsupported = int(counts.get("failed", 0)), int(counts.get("unsupported", 0))
     if not summary:
-        if killed and not interrupted:
-            return "controller killed, no report", "bad"
+        if gone is not None and not interrupted:
+            return ("controller killed, no report" if gone.killed else "ended without a report"), "bad"
         return ("interrupted, no report" if interrupted else "no report yet"), "none"
     if interrupted:
         return f"interrupted ({success} of {rounds} rounds measured)", "bad"
@@ -179,9 +180,10 @@ def run_info(folder: Path) -> RunInfo:
     stamps = [info.st_mtime for info in (_no_link_stat(folder / PLAN_JSON), _no_link_stat(folder / SUMMARY_JSON))
               if info is not None]
     interrupted = _no_link_stat(folder / INTERRUPTED_FILE) is not None
-    # asked only of a run with no summary: the lock is one open and one flock
-    killed = not summary and not interrupted and controller_gone(folder) is not None
-    outcome, tone = outcome_of(summary, interrupted, killed)
+    # asked only of a run with no summary.json (not one unreadable: that run ended): one open and two lock tests
+    gone = (controller_gone(folder, folder / SUMMARY_JSON)
+            if _no_link_stat(folder / SUMMARY_JSON) is None and not interrupted else None)
+    outcome, tone = outcome_of(summary, interrupted, gone)
     context = summary.get("context") or {}
     vendor = context.get("vendor") or plan.get("vendor") or ""
     if isinstance(vendor, dict):  # the plan keeps the resolved vendor as an object

@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 from flagperf.hosts.local import CommandResult, LocalHost
+from flagperf.results.controller import CONTROLLER_FILE, held_by
 from flagperf.results.schema import RESULT_FILE, read_result
 from flagperf.results.summary import REPORT_MD, SUMMARY_JSON, hosts_left_out, summarize
 from tests.unit.childio import Lines, output_of
@@ -120,6 +121,7 @@ def test_a_controller_stopped_mid_round_leaves_whole_records_and_its_retry_runs_
         assert any("--parent-pid" in command_line(p) for p in running)  # a monitor
         # Running: round 2 may yet get its result (the controller holds its record's lock)
         assert "(yet): the run is not finished" in left_out(results / "held")
+        assert held_by(results / "held" / CONTROLLER_FILE) is not None  # not merely no record
         stop(proc, sig)
         out, _ = proc.communicate(timeout=300)
     finally:

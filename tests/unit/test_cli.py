@@ -681,3 +681,32 @@ def test_server_name_is_a_name_only(tmp_path: Path) -> None:
     assert result.output.strip().splitlines()[-1] == ("error: --server-name http://evil.example/x: give a host name or "
                                                       "address only, e.g. perf-lab.example.org")
     assert not logs.exists()
+
+
+def test_a_retry_of_a_run_still_running_is_refused_before_anything_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flagperf run --retry RUN` of a run whose controller runs was refused only by the flow: after a temporary
+    server started and the retry's log lines were added to the running run's controller.log. Refused first, in one
+    line naming --retry and the controller; nothing written to the run folder."""
+    import signal
+    import socket
+
+    from flagperf.config.plan import PLAN_FILE
+    from tests.unit.controllers import controller
+
+    monkeypatch.setitem(sys.modules, "flows.evaluate", None)  # refused before the flow
+    run = tmp_path / "results" / "run-a"
+    run.mkdir(parents=True)
+    (run / PLAN_FILE).write_text("{}", encoding="utf-8")
+    proc, _ = controller(run)
+    try:
+        before = sorted(path.name for path in run.iterdir())
+        result = invoke("run", "--cases", "computation-FP32", "--retry", str(run))
+        assert sorted(path.name for path in run.iterdir()) == before
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert_clean_failure(result)
+    (line,) = error_lines(result.output)
+    assert line.startswith(f"error: --retry: {run}: another controller is running this run (pid {proc.pid} on "
+                           f"{socket.gethostname()}, since "), result.output

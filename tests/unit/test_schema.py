@@ -111,8 +111,9 @@ def test_the_input_limits_are_defined_once() -> None:
     """MAX_ROUNDS and MAX_NNODES (flagperf.results.limits) bound every place that takes rounds or nnodes: the
     nightly's rounds (its form and `flagperf nightly --help`), a FlagPerf test_conf.py's nnodes, the collective
     case's nnodes; MAX_BASELINE_RUNS the nightly's --baseline-runs (its check and its help), the monitor interval
-    limits `flagperf run --monitor-interval` (its help and its error). In a fresh Python whose limits are changed
-    before anything reads them, each follows (a copy of the number would not)."""
+    limits `flagperf run --monitor-interval` (its help and its error) and the evaluate form's (its bounds and its
+    text). In a fresh Python whose limits are changed before anything reads them, each follows (a copy of the
+    number would not)."""
     import subprocess
     import sys
     import textwrap
@@ -137,13 +138,18 @@ def test_the_input_limits_are_defined_once() -> None:
             return " ".join(CliRunner().invoke(app, list(args)).output.replace("│", " ").split())
         helped, run_help = said("nightly", "--help"), said("run", "--help")
         refused = said("run", "--monitor-interval", "40")
+        from prefect.utilities.callables import parameter_schema
+        from flows.evaluate import evaluate_form
+        form = parameter_schema(evaluate_form.fn).model_dump()["properties"]["monitor_interval_s"]
         print(json.dumps([ROUNDS.high, flagperf_training.MAX_NNODES, collective, "rounds per case (1-7)" in helped,
                           BASELINE_RUNS.problem(9), BASELINE_RUNS.problem(10) is not None,
                           "baseline (1-9)" in helped, "samples (0.5-30)" in run_help,
-                          "must be between 0.5 and 30 seconds, got 40" in refused]))
+                          "must be between 0.5 and 30 seconds, got 40" in refused,
+                          [form["minimum"], form["maximum"], form["description"]]]))
     """)
     done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT_ROOT, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
     assert done.returncode == 0, done.stderr[-2000:]
     said = json.loads(done.stdout.splitlines()[-1])
-    assert said == [7, 3, "refused", True, None, True, True, True, True], done.stdout
+    assert said == [7, 3, "refused", True, None, True, True, True, True,
+                    [0.5, 30, "Seconds between monitor samples (0.5 to 30)."]], done.stdout

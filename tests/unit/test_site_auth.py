@@ -198,3 +198,29 @@ def test_the_same_wrong_sign_in_again_is_no_new_guess() -> None:
     assert throttle.wait_s("10.0.0.9") == 0.0
     assert throttle.failed("10.0.0.9", b"lab:guess-1") == 10.0
     assert throttle.failed("10.0.0.9", b"lab:old-password") == 20.0
+
+
+def test_a_credentials_file_replaced_after_its_checks_is_checked_again_as_opened(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its mode and owner were checked on the name, then a separate open read whatever lay there by then: a file
+    readable by all put there between the two was read as the secret. The file opened is checked itself. (The
+    replacement is made just before the open, through the module's os.open: the race, made certain.)"""
+    from flagperf.errors import ConfigError
+    from flagperf.site import auth
+
+    path = tmp_path / "server-auth"
+    path.write_text("lab:long-enough-password-1234\n")
+    path.chmod(0o600)
+    opened = os.open
+
+    def replaced_first(name: str, flags: int, *args: int) -> int:
+        swap = tmp_path / "swap"
+        swap.write_text("lab:another-password-of-a-file-others-read\n")
+        swap.chmod(0o644)
+        swap.replace(path)
+        return opened(name, flags, *args)
+
+    monkeypatch.setattr(auth.os, "open", replaced_first)
+    with pytest.raises(ConfigError) as info:
+        auth.read_auth_file(path)
+    assert str(info.value) == f"{path}: mode 0644 lets others read it; chmod 600 {path}", str(info.value)

@@ -55,19 +55,24 @@ def test_the_id_a_run_gets_carries_its_start_time(tmp_path: Path) -> None:
 
 def test_a_run_whose_controller_was_killed_is_listed_as_such_not_as_waiting_for_its_report(tmp_path: Path) -> None:
     """A run with no summary.json read 'no report yet' forever after its controller was killed (SIGKILL, a power
-    cut). Where its controller.lock is held by nobody, it says so; held (the run goes on), as before."""
-    import fcntl
+    cut). Where its controller.lock is held by nobody, it says so; held (the run goes on), as before. A summary.json
+    that cannot be read is a run that ended: never 'killed'."""
+    import signal
 
-    from flagperf.results.controller import CONTROLLER_FILE, this_machine
+    from tests.unit.controllers import controller
 
     folder = tmp_path / "run20260301020000-dc14"
     folder.mkdir()
     (folder / "plan.json").write_text(json.dumps({"run_id": folder.name, "suite": "smoke"}), encoding="utf-8")
     assert list_runs(tmp_path)[0].outcome == "no report yet"  # no record: an older run, as before
-    record = folder / CONTROLLER_FILE
-    record.write_text(json.dumps({**this_machine(), "pid": os.getppid(), "started": "then"}), encoding="utf-8")
-    with open(record, "rb") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)  # as the controller holds it while it runs
+    proc, _ = controller(folder)
+    try:
         assert (list_runs(tmp_path)[0].outcome, list_runs(tmp_path)[0].tone) == ("no report yet", "none")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
     (run,) = list_runs(tmp_path)  # nobody holds it: its controller is gone
     assert (run.outcome, run.tone) == ("controller killed, no report", "bad")
+    (folder / "summary.json").write_text("{not json", encoding="utf-8")
+    os.utime(folder / "summary.json", (RETRY_TIME, RETRY_TIME))  # older than the record: not one written since
+    assert list_runs(tmp_path)[0].outcome == "no report yet"

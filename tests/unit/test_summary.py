@@ -504,19 +504,17 @@ def test_an_empty_interruption_record_is_no_interruption_to_the_left_out_line_as
 
 def test_a_run_whose_controller_was_killed_reads_as_ended_not_as_not_run_yet(tmp_path: Path) -> None:
     """A run killed hard (SIGKILL, a power cut: no summary.json, no interruption record) read 'not run (yet): the
-    run is not finished' forever. Its controller holds controller.lock (flock) while it runs: held, the run reads as
+    run is not finished' forever. Its controller holds controller.lock (a lock) while it runs: held, the run reads as
     not finished; once the process is gone (killed here, for real), as ended without its summary. A second controller
     is refused while the first runs. A record of another machine, or none (an older run), reads as before."""
     import json as json_module
     import os
     import signal
     import socket
-    import subprocess
-    import sys
 
-    from flagperf.paths import PROJECT_ROOT
     from flagperf.results.controller import CONTROLLER_FILE, RunHeld, controller_record
     from flagperf.results.summary import hosts_left_out
+    from tests.unit.controllers import controller as controller_process
 
     run = tmp_path / "killed"
     put(run, "computation-FP32", 1, metrics=[gemm(1.0)], host="h1")
@@ -525,17 +523,11 @@ def test_a_run_whose_controller_was_killed_reads_as_ended_not_as_not_run_yet(tmp
     summary = summarize(run)
     not_yet = "h2_noderank0 (computation-FP32 round1: not run (yet): the run is not finished (no summary.json))"
     assert not_yet in (hosts_left_out(run, summary) or "")  # no record: as before
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path\n"
-                               "from flagperf.results.controller import controller_record\n"
-                               "with controller_record(Path(sys.argv[1]), 'flow-1'):\n"
-                               "    print('held', flush=True); sys.stdin.read()", str(run)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    holder, _ = controller_process(run)
     try:
-        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         assert not_yet in (hosts_left_out(run, summary) or "")  # running: held
         with pytest.raises(RunHeld, match=f"another controller is running this run \\(pid {holder.pid} on "), \
-                controller_record(run):
+                controller_record(run, run / SUMMARY_JSON):
             pass
         record = json_module.loads((run / CONTROLLER_FILE).read_text(encoding="utf-8"))
         assert (record["pid"], record["host"], record["flow_run_id"]) == (holder.pid, socket.gethostname(), "flow-1")
@@ -549,11 +541,15 @@ def test_a_run_whose_controller_was_killed_reads_as_ended_not_as_not_run_yet(tmp
     round_dir(run, "computation-FP32", 1, "h2", 0).mkdir(parents=True)
     assert "h2_noderank0 (computation-FP32 round1: no result.json: the run ended without" in (
         hosts_left_out(run, summary) or "")
-    # A retry, in this process: runs, so not gone; its record replaces the killed one's
-    with controller_record(run):
+    # A retry, in this process: runs, so not gone; its record replaces the killed one's. Ended without its summary,
+    # it says so
+    with controller_record(run, run / SUMMARY_JSON):
         assert "(yet): the run is not finished" in (hosts_left_out(run, summary) or "")
+    assert (f"no result.json: the run ended without its summary.json, its controller (pid {os.getpid()} on "
+            f"{socket.gethostname()}) ended without writing it)") in (hosts_left_out(run, summary) or "")
     # A record of another machine: its lock cannot be told from here
     record = json_module.loads((run / CONTROLLER_FILE).read_text(encoding="utf-8"))
+    del record["ended"], record["how"]
     (run / CONTROLLER_FILE).write_text(json_module.dumps({**record, "host": "elsewhere", "pid": holder.pid}),
                                        encoding="utf-8")
     assert "(yet): the run is not finished" in (hosts_left_out(run, summary) or "")
