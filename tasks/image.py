@@ -22,7 +22,13 @@ from flagperf.hosts.docker import (
     image_tag,
 )
 from flagperf.hosts.fleet import runtime_for
-from flagperf.hosts.health import PROBE_TIMEOUT_S, image_probe_check, log_check, record_image_probe
+from flagperf.hosts.health import (
+    PROBE_TIMEOUT_S,
+    device_health_check,
+    image_probe_check,
+    log_check,
+    record_image_probe,
+)
 from flagperf.hosts.inventory import HostSpec, mask_values
 from flagperf.hosts.local import Host
 from flagperf.paths import display_path
@@ -85,6 +91,9 @@ def probe_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, image: 
     check, probe = image_probe_check(lines, result.exit_code, result.timed_out, image["tag"], image["dockerfile"],
                                      result.link)
     log_check(logger, host.name, check)
+    if probe is not None:  # the reading made where the cases run: a host's own Python may have no NVML binding
+        log_check(logger, host.name, device_health_check(probe, vendor, f"device health in the {image['framework']} "
+                                                                        "image"))
     record_image_probe(run_dir, host.name, image["framework"], check, probe)
     if not check.ok:
         raise InfrastructureFailure(f"host {host.name}: {check.name}: {check.detail}")

@@ -14,6 +14,7 @@ Adding a vendor is adding a folder; nothing in the engine names a vendor.
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import re
 import sys
@@ -239,21 +240,27 @@ class Vendor(BaseModel):
     def _spec_module(self) -> ModuleType:
         return import_file(self.folder / self.manifest.spec_module, f"flagperf_vendor_{self.name}_spec")
 
-    def device_health(self) -> dict[str, Any]:
+    def device_health(self) -> dict[str, Any] | None:
         """Each device's health on the machine this runs on (call it on the host), in the form of
-        flagperf.results.devicehealth.HealthReading. Never raises: a reading that cannot be made (no health module,
-        the vendor's library or driver missing, the module's own error) is an answer saying why, so that a
-        healthcheck records it and goes on, and the diagnosis's rules say "unknown" rather than pass."""
+        flagperf.results.devicehealth.HealthReading, as JSON values; None for a vendor without a health module (no
+        reading: the diagnosis's health rules say nothing of its hosts). Never raises: a reading that cannot be made
+        (the vendor's library or driver missing, the module's own error, even its sys.exit) is an answer saying
+        why, so that a healthcheck records it and goes on, and the diagnosis's rules say "unknown" rather than pass.
+        """
         if self.manifest.health_module is None:
-            return unavailable(f"vendor {self.name} has no health probe (health_module in its vendor.yaml)")
+            return None
         where = display_path(self.folder / self.manifest.health_module)
         try:
             module = import_file(self.folder / self.manifest.health_module, f"flagperf_vendor_{self.name}_health")
             answer = module.device_health(self.spec_settings()[0])
-            return checked_reading(answer, f"{where} device_health()").model_dump()
+            reading = checked_reading(answer, f"{where} device_health()").model_dump(mode="json")
+            json.dumps(reading, allow_nan=False)  # what the probe prints: a value it cannot write fails here
+            return reading
+        except KeyboardInterrupt:
+            raise
         except FlagperfError as exc:  # a missing extra, a module that does not import, an answer of the wrong form
             return unavailable(str(exc))
-        except Exception as exc:  # the vendor module's own bug: recorded in one line, the healthcheck goes on
+        except BaseException as exc:  # the vendor module's own bug (a SystemExit too): one line, the probe goes on
             return unavailable(f"{where} device_health() raised {type(exc).__name__}: {str(exc)[:300]}")
 
     def with_host_settings(self, settings: HostSpecSettings | None) -> Vendor:

@@ -210,7 +210,7 @@ def check_host(host: Host, spec: HostSpec, vendor: Vendor, log_path: Path,
                                                        "on this host need it"))
         else:
             checks.append(device_check("accelerators", probe, ""))
-        checks.append(device_health_check(probe))
+        checks.append(device_health_check(probe, vendor))
         checks.append(check_clock(host))
     free = host.disk_free(host.work_root)
     checks.append(Check("disk", free >= min_free_bytes,
@@ -220,18 +220,20 @@ def check_host(host: Host, spec: HostSpec, vendor: Vendor, log_path: Path,
     return HealthReport(host=host.name, checks=checks, probe=probe)
 
 
-def device_health_check(probe: dict[str, Any]) -> Check:
+def device_health_check(probe: dict[str, Any], vendor: Vendor, name: str = "device health") -> Check:
     """The vendor's health probe's reading (probe ``device_health``) in one line, naming each device that breaks a
     health rule of the default rules file. Always ok: a downgraded link or a pending remap is the fleet diagnosis's
     to name beside the host's figures (a host left out here would measure nothing to compare), so the run goes on
-    and the line says what the diagnosis will find."""
+    and the line says what the diagnosis will find. ``name``: the check's (the image probe's says so)."""
     raw = probe.get(HEALTH_KEY)
+    if raw is None and vendor.manifest.health_module is None:
+        return Check(name, True, f"none: vendor {vendor.name} has no health probe (health_module in its vendor.yaml)")
     if raw is None:  # a probe from a deployed copy older than the reading
-        return Check("device health", True, "not read: the host's flagperf probe reads no device health")
+        return Check(name, True, "not read: the flagperf probe there reads no device health")
     try:
         reading = checked_reading(raw, "the probe's device_health")
     except ConfigError as exc:
-        return Check("device health", True, f"not read: {exc}")
+        return Check(name, True, f"not read: {exc}")
     detail = summary_line(reading)
     if reading.available:
         try:
@@ -240,8 +242,8 @@ def device_health_check(probe: dict[str, Any]) -> Check:
             findings = [f"not judged ({exc})"]
         detail += "; " + ("; ".join(findings[:8]) + (f"; and {len(findings) - 8} more" if len(findings) > 8 else "")
                           if findings else "no default health rule fails")
-        return Check("device health", True, detail, warn=bool(findings))
-    return Check("device health", True, detail)
+        return Check(name, True, detail, warn=bool(findings))
+    return Check(name, True, detail)
 
 
 def check_clock(host: Host) -> Check:

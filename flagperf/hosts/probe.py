@@ -50,9 +50,12 @@ def probe(vendor_name: str, settings: HostSpecSettings | None = None) -> dict[st
         "device_memory_bytes": None,
         "device": None,
         "peaks": {},
-        # Before torch: a container host without torch reads its devices' health all the same (vendor's NVML etc.).
-        HEALTH_KEY: vendor.device_health(),
     }
+    # Before torch: a container host without torch reads its devices' health all the same (vendor's NVML etc.). A
+    # vendor without a health module reads none: the key is left out (no reading, not an unknown one).
+    health = vendor.device_health()
+    if health is not None:
+        answer[HEALTH_KEY] = health
     try:
         import torch
     except ImportError as exc:  # a container host may keep torch in its images only

@@ -324,6 +324,7 @@ def _other_missing_files(folder: Path, first: str) -> list[str]:
         return []
     named = [("spec_module", manifest.spec_module), ("container.dockerfile", manifest.container.dockerfile)]
     named += [(f"monitors.{i}.script", m.script) for i, m in enumerate(manifest.monitors) if m.script is not None]
+    named += [("health_module", manifest.health_module)] if manifest.health_module is not None else []
     missing = []
     for key, rel in named:
         try:

@@ -13,27 +13,35 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
 from flagperf.errors import ConfigError
 from flagperf.results.bounded import read_json_file
 
 HEALTH_KEY = "device_health"  # the probe's key for the reading
 MAX_DEVICES = 4096
+MAX_REASON = 2000
+
+# A vendor module's answer is recorded as JSON and read back by every later tool: JSON values only (no bytes, no
+# objects of its library), each bounded, so that one odd value cannot stop the probe's output or swell the report.
+Key = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+FactScalar = bool | int | Annotated[float, Field(allow_inf_nan=False)] | Annotated[str, Field(max_length=1000)] | None
+FactValue = FactScalar | Annotated[list[FactScalar], Field(max_length=64)]
 
 
 class DeviceReading(BaseModel):
     """One device: its index (the vendor tool's, e.g. NVML's), its UUID where it has one, and numeric health
-    fields (null: not reported); ``facts`` holds what is shown but never compared (names, bus ids, reason lists)."""
+    fields (null: not reported); ``facts`` holds what is shown but never compared (names, bus ids, reason lists).
+    Strict: "yes" is no flag and "16" no number (an int is a number)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     index: int = Field(ge=0)
     uuid: str | None = Field(default=None, max_length=200)
-    fields: dict[str, float | None] = Field(default_factory=dict)
-    facts: dict[str, Any] = Field(default_factory=dict)
+    fields: dict[Key, float | None] = Field(default_factory=dict, max_length=64)
+    facts: dict[Key, FactValue] = Field(default_factory=dict, max_length=32)
 
     @field_validator("fields")
     @classmethod
@@ -47,17 +55,39 @@ class DeviceReading(BaseModel):
 class HealthReading(BaseModel):
     """What a vendor's health probe answers for one host."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     available: bool
     source: str = Field(default="", max_length=200, description="what read it, e.g. NVML 550.54.15")
-    reason: str | None = Field(default=None, max_length=2000, description="why nothing was read (available: false)")
+    reason: str | None = Field(default=None, max_length=MAX_REASON,
+                               description="why nothing was read (available: false)")
     devices: list[DeviceReading] = Field(default_factory=list, max_length=MAX_DEVICES)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> HealthReading:
+        if self.available and not self.devices:
+            raise ValueError("an available reading lists at least one device (none read: available false, "
+                             "with the reason)")
+        if not self.available and (not self.reason or self.devices):
+            raise ValueError("a reading that is not available says why (reason) and lists no device")
+        for key, values in (("index", [d.index for d in self.devices]),
+                            ("uuid", [d.uuid for d in self.devices if d.uuid is not None])):
+            twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+            if twice is not None:
+                raise ValueError(f"two devices with {key} {twice!r}")
+        return self
+
+
+def unavailable_reading(reason: str) -> HealthReading:
+    """A reading that could not be made, saying why (cut to what the model keeps)."""
+    reason = reason.strip() or "no reason given"
+    cut = reason if len(reason) <= MAX_REASON else reason[:MAX_REASON - 3] + "..."
+    return HealthReading(available=False, reason=cut)
 
 
 def unavailable(reason: str) -> dict[str, Any]:
     """The reading of a host where none could be made, in the probe's form."""
-    return HealthReading(available=False, reason=reason).model_dump()
+    return unavailable_reading(reason).model_dump(mode="json")
 
 
 def checked_reading(value: Any, where: str) -> HealthReading:
@@ -89,7 +119,7 @@ def recorded_reading(run_dir: Path, host: str) -> HealthReading | None:
         readings = [checked_reading(p[HEALTH_KEY], f"{path.name}: {HEALTH_KEY}")
                     for p in probes if isinstance(p, dict) and p.get(HEALTH_KEY) is not None]
     except (ConfigError, AttributeError) as exc:
-        return HealthReading(available=False, reason=f"the health report cannot be read: {exc}")
+        return unavailable_reading(f"the health report cannot be read: {exc}")
     if not readings:
         return None
     return next((r for r in readings if r.available), readings[0])
@@ -99,4 +129,8 @@ def summary_line(reading: HealthReading) -> str:
     """The reading in a few words, for the healthcheck's line."""
     if not reading.available:
         return f"not read: {reading.reason or 'no reason given'}"
-    return f"{len(reading.devices)} device(s) read through {reading.source or 'the vendor probe'}"
+    # A device with no figure at all was counted, not read (another job's, say): not "read" in the line.
+    unread = sum(1 for d in reading.devices if all(v is None for v in d.fields.values()))
+    read = len(reading.devices) - unread
+    return f"{read} device(s) read through {reading.source or 'the vendor probe'}" + (
+        f" ({unread} more counted, not read)" if unread else "")

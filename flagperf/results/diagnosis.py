@@ -19,9 +19,11 @@ from __future__ import annotations
 import fnmatch
 import json
 import math
+import re
 import statistics
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -464,11 +466,15 @@ def _fact_checks(run_dir: Path, rows: pd.DataFrame, rules: Rules, verdicts: dict
                                             f"<= {rule.max:g}", status))
 
 
+HEALTH_LIMIT = "at the healthcheck"  # the end of a health check's limit in words: how the report tells them apart
+_NOT_READ = re.compile(r"health \S+ \(not read: (?P<reason>.*)\)", re.DOTALL)
+
+
 def reading_checks(rule: Rule, reading: HealthReading) -> list[tuple[DeviceReading | None, Check]]:
     """A health rule on a host's reading: per device, its field against the rule's max (unknown where the device
     or the vendor's probe does not report it); one unknown check naming why where nothing was read."""
     field_name, limit = str(rule.health_field), rule.max
-    words = f"<= {limit:g} at the healthcheck"
+    words = f"<= {limit:g} {HEALTH_LIMIT}"
     if not reading.available:
         return [(None, Check(rule.name, f"health {field_name} (not read: {_shorten(reading.reason or '-', 160)})",
                              None, None, None, words, "unknown"))]
@@ -502,30 +508,59 @@ def _device_label(device: DeviceReading) -> str:
     return f"device {device.index}" + (f" ({device.uuid})" if device.uuid else "")
 
 
+def match_readings(reading: HealthReading, measured: dict[int, Verdict]) -> dict[int, tuple[int | None, str]]:
+    """Each reading device's measured device (the key of ``measured``; None: none) and how it was matched (or why
+    not), in words.
+    Where the rounds name their devices by UUID, by UUID alone: a reading without one, or with one no round
+    measured, is no measured device (an index would name another GPU where visible devices were narrowed). Else by
+    index (the first device for a round that measured one), said so. Two readings on one measured device match
+    neither."""
+    by_uuid = {v.uuid: key for key, v in measured.items() if v.uuid}
+    found: dict[int, tuple[int | None, str]] = {}
+    for device in reading.devices:
+        if by_uuid:
+            found[device.index] = (by_uuid.get(device.uuid) if device.uuid else None, "")
+        else:
+            key = device.index if device.index in measured else -1 if device.index == 0 and -1 in measured else None
+            found[device.index] = (key, " (matched by index)")
+    taken = Counter(key for key, _ in found.values() if key is not None)
+    return {index: (None, f" (one of {taken[key]} readings of the same measured device: matched to none)")
+            if key is not None and taken[key] > 1 else (key, how if key is not None else " (not measured)")
+            for index, (key, how) in found.items()}
+
+
 def _health_checks(run_dir: Path, host: str, rules: Rules, verdicts: dict[tuple[str, int], Verdict],
                    host_verdict: Verdict) -> None:
     """The health rules on the host's reading at its healthcheck (hosts/<host>.health.json), each device's checks
-    on the device measured in the rounds with the same UUID (else the same index, the first device for a round that
-    measured one); a device the rounds did not measure, and a reading that could not be made, on the host."""
+    on the measured device it matches (match_readings); a failure of a device the rounds did not measure, and a
+    reading that could not be made (unknown, with its reason), on the host."""
     health_rules = [r for r in rules.rules if r.health_field is not None]
     reading = recorded_reading(run_dir, host) if health_rules else None
     if reading is None:
         return
     measured = {key[1]: v for key, v in verdicts.items() if key[0] == host}
-    by_uuid = {v.uuid: device for device, v in measured.items() if v.uuid}
+    matched = match_readings(reading, measured)
     for rule in health_rules:
         for device, check in reading_checks(rule, reading):
-            index = None
-            if device is not None:
-                index = by_uuid.get(device.uuid) if device.uuid and by_uuid else (
-                    device.index if device.index in measured else -1 if device.index == 0 and -1 in measured
-                    else None)
-            if index is not None:
-                measured[index].checks.append(check)
-            elif check.status != "pass":  # a device no round measured: its failure is the host's all the same
-                label = "" if device is None else f"{_device_label(device)} (not measured): "
-                host_verdict.checks.append(Check(check.rule, label + check.what, check.value, None, None, check.limit,
-                                                 check.status))
+            if device is None:  # nothing read: every health rule unknown on the host, naming why
+                host_verdict.checks.append(check)
+                continue
+            key, how = matched[device.index]
+            if key is not None:
+                measured[key].checks.append(replace(check, what=check.what + how))
+            elif check.status == "fail":  # a device no round measured: its failure is the host's all the same
+                host_verdict.checks.append(replace(check, what=f"{_device_label(device)}{how}: {check.what}"))
+
+
+def not_read_text(checks: list[Check]) -> str:
+    """The health rules a host's reading could not judge, with the reason (one phrase; empty where none)."""
+    found: dict[str, list[str]] = {}
+    for check in checks:
+        match = _NOT_READ.fullmatch(check.what) if check.status == "unknown" else None
+        if match is not None and check.limit.endswith(HEALTH_LIMIT):
+            found.setdefault(match["reason"], []).append(md_text(check.rule))
+    return "; ".join(f"unknown: {', '.join(rules)} (device health not read: {md_text(reason)})"
+                     for reason, rules in found.items())
 
 
 def render_markdown(diagnosis: Diagnosis, heading: str = "#") -> str:
@@ -546,9 +581,12 @@ def render_markdown(diagnosis: Diagnosis, heading: str = "#") -> str:
         lines.append("")
     lines += [f"{sub} Hosts", "", "| host | verdict | why |", "|---|---|---|"]
     for host in diagnosis.hosts:
+        not_read = not_read_text(host.checks)  # said whatever the verdict: "every rule passed" alone would hide it
+        others = [c for c in host.checks if not (not_read and _NOT_READ.fullmatch(c.what))]
         why = "; ".join(c.line(md_text) for c in host.failed) or (
-            "every rule passed" if host.status == "pass" else unknown_text(host.checks)
-            if any(c.status == "unknown" for c in host.checks) else "no rule applied")
+            "every rule passed" if host.status == "pass" else unknown_text(others)
+            if any(c.status == "unknown" for c in others) else "no rule applied" if not not_read else "")
+        why = "; ".join(part for part in (why, not_read) if part)
         lines.append(f"| {host.host} | **{host.status}** | {why} |" if host.status == "fail"
                      else f"| {host.host} | {host.status} | {why} |")
     lines += ["", f"{sub} Devices", "", "| host | device | verdict | checks |", "|---|---|---|---|"]

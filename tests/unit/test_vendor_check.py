@@ -722,3 +722,15 @@ def test_a_dot_file_link_out_of_the_vendor_folder_is_named(tmp_path: Path) -> No
         "every round's link scan passes over (no round refuses it): in a round's container, where the folder is at "
         "another path, it may lead nowhere"], found.notes
     assert not [line for line in found.problems if ".token" in line], found.problems
+
+
+def test_a_missing_health_module_is_named_with_the_other_missing_files(tmp_path: Path) -> None:
+    """vendor.yaml's health_module is a file the check looks for, as it does the spec module and the monitors: every
+    missing one named at once."""
+    vendor = tmp_path / "testvendor"
+    shutil.copytree(FIXTURE / "vendors" / "testvendor", vendor)
+    (vendor / MANIFEST).write_text((vendor / MANIFEST).read_text() + "health_module: health.py\n")
+    (vendor / "spec.py").unlink()
+    problems = check_vendor_folder(vendor, monitor_seconds=1).problems
+    assert len(problems) == 2 and "spec_module: 'spec.py' does not exist" in problems[0], problems
+    assert "health_module: 'health.py' does not exist" in problems[1]

@@ -6,36 +6,84 @@ trusting a node, as nvidia-smi and DCGM's level-1 checks read it:
   x16 moves host data at half the rate, for good); the generation is recorded, never judged here, since an idle GPU
   lowers its link speed to save power and raises it under load;
 - row remapping (Ampere and later): rows waiting for a reset, and whether a remapping ever failed (a GPU to
-  replace); page retirement pending (older GPUs);
-- uncorrected ECC errors since the driver loaded and over the GPU's life;
+  replace); page retirement pending (GPUs older than Ampere only: on Ampere and later, retired pages do not show
+  remapping, so a GPU whose remapping NVML cannot report, under MIG, reads null, not 0);
+- uncorrected ECC errors since the driver loaded and over the GPU's life; whether ECC is on (recorded, not judged);
 - hardware slowdown active while idle (HW slowdown, HW thermal or power-brake slowdown: nothing the workload did);
 - the PCIe replay count (link-level retransmissions since the driver loaded);
-- a GPU NVML counts but cannot open (fallen off the bus, XID 79).
+- a GPU NVML counts but that does not answer: lost (fallen off the bus, XID 79), short of power, an interrupt
+  problem, or needing a reset. A GPU this process may not open (NO_PERMISSION: another job's, where the job's
+  cgroup holds only its own, as Slurm's ConstrainDevices does) is not read, and is not called unreachable.
 
-A figure a GPU or driver does not report is null, never 0. Without NVML (the package, the driver, or the GPUs
-missing) the answer says why and reads nothing.
+A figure a GPU or driver does not report (NOT_SUPPORTED) is null, never 0; a query that fails otherwise is null too,
+and named in the device's ``errors`` fact. Without NVML (the package, the driver, or the GPUs missing), or when NVML
+does not answer within NVML_LIMIT_S, the answer says why and reads nothing.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from flagperf.config.vendors import import_file
 from flagperf.errors import missing_extra
 
 HW_SLOWDOWN = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+NVML_LIMIT_S = 30.0  # a wedged driver can hold an NVML call for minutes: the probe must answer before its own limit
+# NVML's errors that mean the GPU itself does not answer (nvml.h): a device with one of these is unreachable.
+UNREACHABLE_ERRORS = ("NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_INSUFFICIENT_POWER", "NVML_ERROR_IRQ_ISSUE",
+                      "NVML_ERROR_RESET_REQUIRED")
+# A figure this GPU or driver does not have: null, and no error (a driver older than the query has no function).
+NOT_REPORTED_ERRORS = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND")
+MAX_ERRORS = 16
 
 
-def _monitor() -> ModuleType:
-    """The NVML monitor of this folder, whose readers (throttle reason bits, retirement) this probe shares."""
-    spec = importlib.util.spec_from_file_location("flagperf_vendor_nvidia_monitor_nvml",
-                                                  Path(__file__).with_name("monitor_nvml.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _common() -> ModuleType:
+    """What this folder's NVML readers share (nvml_common.py): side-effect free, so the probe may load it."""
+    return import_file(Path(__file__).with_name("nvml_common.py"), "flagperf_vendor_nvidia_nvml_common")
+
+
+def nvml_error_is(pynvml: Any, exc: BaseException, names: tuple[str, ...]) -> bool:
+    """Whether ``exc`` is an NVMLError of one of the codes ``names`` (pynvml's NVML_ERROR_* constants)."""
+    base = getattr(pynvml, "NVMLError", None)
+    if base is None or not isinstance(exc, base):
+        return False
+    value = getattr(exc, "value", None)
+    return any(value == getattr(pynvml, name, None) for name in names)
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+class Queries:
+    """One GPU's NVML queries, each on its own: a figure not reported is None; any other failure is None too, named
+    in ``errors``, and one saying the GPU does not answer marks it ``lost`` (a GPU whose handle opened and fell off
+    the bus after must not read as reachable)."""
+
+    def __init__(self, pynvml: Any) -> None:
+        self.pynvml = pynvml
+        self.errors: list[str] = []
+        self.lost = False
+
+    def __call__(self, fn: Any, *args: Any) -> Any:
+        try:
+            value = fn(*args)
+        except Exception as exc:
+            if nvml_error_is(self.pynvml, exc, NOT_REPORTED_ERRORS):
+                return None
+            self.lost = self.lost or nvml_error_is(self.pynvml, exc, UNREACHABLE_ERRORS)
+            if len(self.errors) < MAX_ERRORS:
+                self.errors.append(f"{getattr(fn, '__name__', 'query')}: {_error_text(exc)}")
+            return None
+        return value.decode(errors="replace") if isinstance(value, bytes) else value  # old bindings return bytes
+
+    def get(self, name: str, *args: Any) -> Any:
+        """The binding's function ``name`` called; None where the binding is too old to have it."""
+        fn = getattr(self.pynvml, name, None)
+        return None if fn is None else self(fn, *args)
 
 
 def _lanes_missing(width: int | None, width_max: int | None) -> int | None:
@@ -48,97 +96,157 @@ def _flag(value: Any) -> int | None:
     return None if value is None else int(bool(value))
 
 
+def _ecc_mode(mode: Any, which: int) -> int | None:
+    return _flag(mode[which]) if isinstance(mode, list | tuple) and len(mode) == 2 else None
+
+
 def device_reading(raw: dict[str, Any]) -> dict[str, Any]:
     """One GPU's recorded NVML figures (read_raw) as the health reading's device: the figures the diagnosis
     compares under ``fields``, names and lists under ``facts``."""
     rows = raw.get("remapped_rows")  # (correctable, uncorrectable, pending, failed), or None before Ampere
     correctable, uncorrectable, rows_pending, rows_failed = rows if rows is not None else (None, None, None, None)
-    pages_pending = _flag(raw.get("retired_pages_pending"))
-    pending_parts = [v for v in (_flag(rows_pending), _flag(rows_failed), pages_pending) if v is not None]
+    pending_parts = [v for v in (_flag(rows_pending), _flag(raw.get("retired_pages_pending"))) if v is not None]
     reasons = raw.get("clock_event_reasons")
+    ecc_mode = raw.get("ecc_mode")
     fields: dict[str, float | None] = {
         "pcie_link_width": raw.get("pcie_link_width"),
         "pcie_link_width_max": raw.get("pcie_link_width_max"),
         "pcie_width_lanes_missing": _lanes_missing(raw.get("pcie_link_width"), raw.get("pcie_link_width_max")),
         "pcie_link_gen": raw.get("pcie_link_gen"),
         "pcie_link_gen_max": raw.get("pcie_link_gen_max"),
+        "pcie_link_gen_gpu_max": raw.get("pcie_link_gen_gpu_max"),
         "pcie_replay_count": raw.get("pcie_replay_count"),
         "remapped_rows_correctable": correctable,
         "remapped_rows_uncorrectable": uncorrectable,
         "row_remap_failed": _flag(rows_failed),
-        # The monitor's field of the same name: 1 when rows or pages wait for a reset, or a remapping failed.
+        # Rows or pages waiting for a reset, and nothing else: a failed remapping is row_remap_failed's (a GPU to
+        # replace, which a reset does not mend). The monitor's field of the same name counts a failure too.
         "retirement_pending": max(pending_parts) if pending_parts else None,
         "ecc_uncorrected": raw.get("ecc_uncorrected_volatile"),
         "ecc_uncorrected_aggregate": raw.get("ecc_uncorrected_aggregate"),
+        "ecc_enabled": _ecc_mode(ecc_mode, 0),
+        "ecc_enabled_pending": _ecc_mode(ecc_mode, 1),
         "hw_slowdown_idle": None if reasons is None else int(any(r in HW_SLOWDOWN for r in reasons)),
-        "unreachable": 0,
+        "unreachable": int(bool(raw.get("lost"))),
     }
-    facts = {key: raw[key] for key in ("name", "pci_bus_id", "serial") if raw.get(key) is not None}
+    facts: dict[str, Any] = {key: raw[key] for key in ("name", "pci_bus_id", "serial", "architecture")
+                             if raw.get(key) is not None}
     if reasons is not None:
         facts["clock_event_reasons"] = list(reasons)
+    if raw.get("errors"):
+        facts["errors"] = list(raw["errors"])
     return {"index": int(raw["index"]), "uuid": raw.get("uuid"), "fields": fields, "facts": facts}
 
 
+def _unopened(index: int, unreachable: int | None, fact: str, error: str) -> dict[str, Any]:
+    fields = {name: None for name in device_reading({"index": index})["fields"]} | {"unreachable": unreachable}
+    return {"index": index, "uuid": None, "fields": fields, "facts": {fact: error[:300]}}
+
+
 def unreachable_reading(index: int, error: str) -> dict[str, Any]:
-    """A GPU NVML counts but cannot open: every figure unknown, and ``unreachable`` 1."""
-    fields = {name: None for name in device_reading({"index": index})["fields"]} | {"unreachable": 1}
-    return {"index": index, "uuid": None, "fields": fields, "facts": {"error": error[:300]}}
+    """A GPU NVML counts but that does not answer (lost, short of power, ...): every figure unknown, unreachable 1."""
+    return _unopened(index, 1, "error", error)
 
 
-def read_raw(pynvml: Any, monitor: ModuleType, index: int, handle: Any) -> dict[str, Any]:
-    """What NVML tells of one GPU, each query on its own (one the GPU does not support is None)."""
-    call = monitor._call
-    bits = monitor._clock_event_reasons(pynvml, handle)
-    rows = call(pynvml.nvmlDeviceGetRemappedRows, handle) if hasattr(pynvml, "nvmlDeviceGetRemappedRows") else None
-    pages = call(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, handle) \
-        if rows is None and hasattr(pynvml, "nvmlDeviceGetRetiredPagesPendingStatus") else None
-    pci = call(pynvml.nvmlDeviceGetPciInfo, handle)
+def not_opened_reading(index: int, error: str) -> dict[str, Any]:
+    """A GPU NVML counts but this process may not open (another job's: NO_PERMISSION), or one NVML cannot open for
+    a reason that says nothing of the GPU: not read, every figure unknown, ``unreachable`` too."""
+    return _unopened(index, None, "not_read", error)
+
+
+def read_raw(pynvml: Any, index: int, handle: Any, common: ModuleType) -> dict[str, Any]:
+    """What NVML tells of one GPU, each query on its own (Queries: one the GPU does not support is None)."""
+    query = Queries(pynvml)
+    bits = common.clock_event_reasons(pynvml, handle, query)
+    architecture = query.get("nvmlDeviceGetArchitecture", handle)
+    rows = query.get("nvmlDeviceGetRemappedRows", handle)
+    # Retired pages tell of memory retired on GPUs older than Ampere only; on later ones (rows unreported under
+    # MIG) they stay 0 whatever rows wait, so they would be a confident "nothing pending": null instead.
+    older = architecture is not None and architecture < getattr(pynvml, "NVML_DEVICE_ARCH_AMPERE", 7)
+    pages = query.get("nvmlDeviceGetRetiredPagesPendingStatus", handle) if rows is None and older else None
+    pci = query.get("nvmlDeviceGetPciInfo", handle)
     bus = getattr(pci, "busId", None) if pci is not None else None
-    return {
+    found = {
         "index": index,
-        "uuid": call(pynvml.nvmlDeviceGetUUID, handle),
-        "name": call(pynvml.nvmlDeviceGetName, handle),
-        "serial": call(pynvml.nvmlDeviceGetSerial, handle),
+        "uuid": query.get("nvmlDeviceGetUUID", handle),
+        "name": query.get("nvmlDeviceGetName", handle),
+        "serial": query.get("nvmlDeviceGetSerial", handle),
+        "architecture": architecture,
         "pci_bus_id": bus.decode(errors="replace") if isinstance(bus, bytes) else bus,
-        "pcie_link_width": call(pynvml.nvmlDeviceGetCurrPcieLinkWidth, handle),
-        "pcie_link_width_max": call(pynvml.nvmlDeviceGetMaxPcieLinkWidth, handle),
-        "pcie_link_gen": call(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, handle),
-        "pcie_link_gen_max": call(pynvml.nvmlDeviceGetMaxPcieLinkGeneration, handle),
-        "pcie_replay_count": call(pynvml.nvmlDeviceGetPcieReplayCounter, handle),
+        "pcie_link_width": query.get("nvmlDeviceGetCurrPcieLinkWidth", handle),
+        "pcie_link_width_max": query.get("nvmlDeviceGetMaxPcieLinkWidth", handle),
+        "pcie_link_gen": query.get("nvmlDeviceGetCurrPcieLinkGeneration", handle),
+        "pcie_link_gen_max": query.get("nvmlDeviceGetMaxPcieLinkGeneration", handle),
+        "pcie_link_gen_gpu_max": query.get("nvmlDeviceGetGpuMaxPcieLinkGeneration", handle),
+        "pcie_replay_count": query.get("nvmlDeviceGetPcieReplayCounter", handle),
         "remapped_rows": None if rows is None else [int(v) for v in rows],
         "retired_pages_pending": pages,
-        "ecc_uncorrected_volatile": call(pynvml.nvmlDeviceGetTotalEccErrors, handle,
-                                         pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC),
-        "ecc_uncorrected_aggregate": call(pynvml.nvmlDeviceGetTotalEccErrors, handle,
-                                          pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC),
-        "clock_event_reasons": None if bits is None else [name for bit, name in monitor.THROTTLE_REASONS.items()
+        "ecc_mode": query.get("nvmlDeviceGetEccMode", handle),
+        "ecc_uncorrected_volatile": query.get("nvmlDeviceGetTotalEccErrors", handle,
+                                              pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC),
+        "ecc_uncorrected_aggregate": query.get("nvmlDeviceGetTotalEccErrors", handle,
+                                               pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC),
+        "clock_event_reasons": None if bits is None else [name for bit, name in common.THROTTLE_REASONS.items()
                                                           if bits & bit],
     }
+    return found | {"errors": query.errors, "lost": query.lost}
 
 
-def device_health(settings: dict[str, Any]) -> dict[str, Any]:
+def _unavailable(reason: str) -> dict[str, Any]:
+    return {"available": False, "source": "NVML", "reason": reason, "devices": []}
+
+
+def _device(pynvml: Any, index: int, common: ModuleType) -> dict[str, Any]:
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception as exc:
+        if nvml_error_is(pynvml, exc, UNREACHABLE_ERRORS):  # e.g. GPU_IS_LOST: fallen off the bus (XID 79)
+            return unreachable_reading(index, _error_text(exc))
+        return not_opened_reading(index, _error_text(exc))  # NO_PERMISSION: not this job's GPU; others: unknown
+    return device_reading(read_raw(pynvml, index, handle, common))
+
+
+def read_devices() -> dict[str, Any]:
     """Every GPU of the host (NVML's indices: all of them, whatever a round's visible-devices variable narrows)."""
-    monitor = _monitor()
+    common = _common()
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception as exc:  # the package, the driver, or the GPUs are missing
         missing = missing_extra(exc) if isinstance(exc, ImportError) else None
-        reason = f"NVML unavailable: {missing}" if missing is not None else \
-            f"NVML unavailable: {type(exc).__name__}: {exc}"
-        return {"available": False, "source": "NVML", "reason": reason, "devices": []}
+        return _unavailable(f"NVML unavailable: {missing}" if missing is not None else
+                            f"NVML unavailable: {_error_text(exc)}")
     try:
-        driver = monitor._call(pynvml.nvmlSystemGetDriverVersion)
-        count = int(pynvml.nvmlDeviceGetCount())
-        devices = []
-        for index in range(count):
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            except Exception as exc:  # e.g. NVML_ERROR_GPU_IS_LOST: fallen off the bus (XID 79), the worst finding
-                devices.append(unreachable_reading(index, f"{type(exc).__name__}: {exc}"))
-                continue
-            devices.append(device_reading(read_raw(pynvml, monitor, index, handle)))
+        driver = common.call(pynvml.nvmlSystemGetDriverVersion)
+        try:
+            count = int(pynvml.nvmlDeviceGetCount())
+        except Exception as exc:
+            return _unavailable(f"NVML cannot count the GPUs: {_error_text(exc)}")
+        if count <= 0:
+            return _unavailable("NVML counts no GPU on this host")
+        devices = [_device(pynvml, index, common) for index in range(count)]
     finally:
-        monitor._call(pynvml.nvmlShutdown)
+        common.call(pynvml.nvmlShutdown)
     return {"available": True, "source": f"NVML, driver {driver}" if driver else "NVML", "devices": devices}
+
+
+def device_health(settings: dict[str, Any], limit_s: float = NVML_LIMIT_S) -> dict[str, Any]:
+    """read_devices in a thread of its own, waited for ``limit_s`` at most: a driver that does not answer leaves
+    the thread behind (a daemon: it never holds the probe's exit) and the answer says so."""
+    answer: list[dict[str, Any] | BaseException] = []
+
+    def read() -> None:
+        try:
+            answer.append(read_devices())
+        except BaseException as exc:  # given to the caller: the vendor loader turns it into a reading saying why
+            answer.append(exc)
+
+    thread = threading.Thread(target=read, name="nvml-device-health", daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    if not answer:
+        return _unavailable(f"NVML did not answer within {limit_s:g} s")
+    if isinstance(answer[0], BaseException):
+        raise answer[0]
+    return answer[0]

@@ -16,32 +16,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project root, for flagperf.monitoring
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder, for nvml_common (a script has it unless -P)
+
+from nvml_common import THROTTLE_REASONS, clock_event_reasons
+from nvml_common import call as _call
 
 from flagperf.errors import missing_extra
 from flagperf.monitoring import monitor_arguments, run_sampler, write_unavailable
-
-THROTTLE_REASONS = {  # NVML clocks-event reason bits (nvml.h)
-    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
-    0x100: "display_clock_setting",
-}
-
-
-def _call(fn: Any, *args: Any) -> Any:
-    try:
-        value = fn(*args)
-    except Exception:  # one unsupported query on one GPU must not stop the others
-        return None
-    return value.decode(errors="replace") if isinstance(value, bytes) else value  # old bindings return bytes
-
-
-def _clock_event_reasons(pynvml: Any, handle: Any) -> int | None:
-    """The active clock-event (throttle) reasons; None when the driver cannot say (never 'none active')."""
-    for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
-        fn = getattr(pynvml, name, None)
-        if fn is not None and (value := _call(fn, handle)) is not None:
-            return int(value)
-    return None
 
 
 def retirement_pending(pynvml: Any, handle: Any) -> int | None:
@@ -148,7 +129,7 @@ def main() -> int:
         power_mw = _call(pynvml.nvmlDeviceGetPowerUsage, h)
         energy_mj = _call(pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
         start_mj = energy_start.get(i)
-        reasons = _clock_event_reasons(pynvml, h)
+        reasons = clock_event_reasons(pynvml, h)
         return {
             "index": i,
             "util_percent": util.gpu if util else None,
