@@ -9,17 +9,17 @@ summary says so in the record before it lets go ("ended", "how"), so that it nev
 
 A reader tests the lock (F_OFD_GETLK) without taking it, so that reading never stands in a controller's way, then
 reads the record. A lock held: the run may still be going. Free, with a record saying the controller ended: it
-ended before its summary. Free, with a running controller's record of this machine and boot: the controller is gone
-(killed). Of this machine but an earlier boot: the machine restarted under it. Otherwise (another machine: locks
-need not be seen across machines; no machine id; no record, as in a run folder written before it existed) nothing
-is said. A second controller of the same run is refused while the first holds the lock: reliably on the same
-machine, or across machines on a shared file system with network locks (NFS with lockd or v4); on one without, two
-machines' controllers are not kept apart.
+ended before its summary. Free, with a running controller's record of this host and boot (the same boot id: the same
+kernel, whose lock table it is) and no process of its pid: the controller is gone (killed). Of this machine (its
+machine id) but an earlier boot: the machine restarted under it. Otherwise (another machine: locks need not be seen
+across machines; no machine id to tell a restart; no record, as in a run folder written before it existed; a system
+without open file description locks) nothing is said. A second controller of the same run is refused while the
+first holds the lock: reliably on the same machine, or across machines on a shared file system with network locks
+(NFS with lockd or v4); on one without, two machines' controllers are not kept apart.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import hashlib
@@ -29,6 +29,8 @@ import os
 import signal
 import socket
 import stat
+import struct
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -37,16 +39,25 @@ from pathlib import Path
 from typing import Any
 
 from flagperf.errors import FlagperfError, printable
+from flagperf.paths import outermost_missing, remove_made
 
 CONTROLLER_FILE = "controller.lock"
 MAX_RECORD_BYTES = 4096  # a few short fields: anything larger is no record of this engine's
-# Each record is written over the last in one write of at least this size (padded with spaces, which JSON skips):
-# the file keeps its blocks, so the record an attempt writes as it ends needs no free space
+# Each record is written over the last in one write of this size (padded with spaces, which JSON skips): over blocks
+# the file has, so the record an attempt writes as it ends rarely needs free space (on a copy-on-write file system it
+# does; where it cannot be written the record is emptied, which says nothing)
 RECORD_BYTES = 1024
 MACHINE_ID_FILES = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 # errnos of a lock refused because another open file holds it
 HELD_ERRNOS = (errno.EAGAIN, errno.EACCES)
+# Open file description locks: the kernel's numbers, the same on every Linux architecture, where Python lacks the names
+# (built against glibc before 2.20); none elsewhere (macOS): then no lock is taken and readers say nothing
+_LINUX = sys.platform.startswith("linux")
+F_OFD_GETLK: int | None = getattr(fcntl, "F_OFD_GETLK", 36 if _LINUX else None)
+F_OFD_SETLK: int | None = getattr(fcntl, "F_OFD_SETLK", 37 if _LINUX else None)
+# struct flock of 64-bit Linux: l_type, l_whence (short), l_start, l_len (off_t), l_pid (int), 32 bytes
+FLOCK = struct.Struct("hh4xqqi4x")
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +83,7 @@ class RunHeld(FlagperfError):
 def run_held(run_dir: Path, holder: str) -> RunHeld:
     """The one line refusing a second controller of ``run_dir``; ``holder`` as held_by says it."""
     return RunHeld(f"{run_dir}: another controller is running this run ({holder}); wait for it to end, or stop it, "
-                   f"before retrying")
+                   f"before retrying; if that machine is gone, remove {run_dir / CONTROLLER_FILE}")
 
 
 @dataclass(frozen=True)
@@ -85,22 +96,17 @@ class ControllerGone:
     text: str
 
 
-class _Flock(ctypes.Structure):
-    """struct flock of Linux (off_t 64-bit), as F_OFD_SETLK and F_OFD_GETLK take it."""
-
-    _fields_ = [("l_type", ctypes.c_short), ("l_whence", ctypes.c_short), ("l_start", ctypes.c_int64),
-                ("l_len", ctypes.c_int64), ("l_pid", ctypes.c_int)]
-
-
 def _whole_file(kind: int) -> bytes:
-    return bytes(_Flock(l_type=kind, l_whence=os.SEEK_SET, l_start=0, l_len=0, l_pid=0))
+    return FLOCK.pack(kind, os.SEEK_SET, 0, 0, 0)
 
 
 def _take_lock(fd: int) -> bool:
     """The write lock on the whole file, without waiting: False where another open file holds a lock on it. OSError
-    where the file system takes none."""
+    where the file system (or the system) takes none."""
+    if F_OFD_SETLK is None:
+        raise OSError(errno.ENOTSUP, "no open file description locks on this system")
     try:
-        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _whole_file(fcntl.F_WRLCK))
+        fcntl.fcntl(fd, F_OFD_SETLK, _whole_file(fcntl.F_WRLCK))
     except OSError as exc:
         if exc.errno in HELD_ERRNOS:
             return False
@@ -110,12 +116,14 @@ def _take_lock(fd: int) -> bool:
 
 def _lock_held(fd: int) -> bool | None:
     """Whether another open file holds a write lock on ``fd``'s file (tested, never taken: a controller starting
-    meanwhile is not refused for it); None where the file system cannot tell."""
+    meanwhile is not refused for it); None where the file system (or the system) cannot tell."""
+    if F_OFD_GETLK is None:
+        return None
     try:
-        answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _whole_file(fcntl.F_RDLCK))
+        answer = fcntl.fcntl(fd, F_OFD_GETLK, _whole_file(fcntl.F_RDLCK))
     except OSError:
         return None
-    return _Flock.from_buffer_copy(answer).l_type != fcntl.F_UNLCK
+    return FLOCK.unpack(answer)[0] != fcntl.F_UNLCK
 
 
 def _first_line(path: Path) -> str:
@@ -137,9 +145,12 @@ def this_machine() -> dict[str, str]:
 
 def read_record(handle: Any) -> dict[str, Any] | None:
     """The record in an open controller.lock (read from its start), None where it is not one (cut short or being
-    written, too large, other fields)."""
-    handle.seek(0)
-    data = handle.read(MAX_RECORD_BYTES + 1)
+    written, too large, other fields, a read error)."""
+    try:
+        handle.seek(0)
+        data = handle.read(MAX_RECORD_BYTES + 1)
+    except OSError:
+        return None
     if len(data) > MAX_RECORD_BYTES:
         return None
     try:
@@ -208,14 +219,27 @@ def controller_gone(run_dir: Path, summary: Path) -> ControllerGone | None:
         return ControllerGone(False, f"{who} ended without writing it" if how == "returned" else
                               f"{who} stopped by {printable(how)} before writing it")
     here = this_machine()
-    if not here["machine"] or (record["host"], record["machine"]) != (here["host"], here["machine"]):
-        return None  # another machine's lock need not be seen from here; with no machine id, no machine is known
     boot = record.get("boot", "")
-    if not boot or not here["boot"]:
-        return None
-    if boot != here["boot"]:
+    if record["host"] != here["host"] or not boot or not here["boot"]:
+        return None  # another machine's lock need not be seen from here
+    if boot == here["boot"]:  # the same kernel, whose lock table said free
+        return None if _process_there(record["pid"]) else ControllerGone(True, f"{who} is gone: killed, or its "
+                                                                              f"machine stopped")
+    if here["machine"] and record["machine"] == here["machine"]:  # with no machine id, no machine is known
         return ControllerGone(True, f"{who} is gone: its machine restarted since")
-    return ControllerGone(True, f"{who} is gone: killed, or its machine stopped")
+    return None
+
+
+def _process_there(pid: int) -> bool:
+    """Whether a process of ``pid`` runs on this machine: a run folder copied while its controller ran holds its
+    record but not its lock."""
+    try:
+        os.kill(pid, 0)
+    except PermissionError:  # another user's
+        return True
+    except (OSError, OverflowError):
+        return False
+    return True
 
 
 def held_by(path: Path) -> str | None:
@@ -232,8 +256,8 @@ def held_by(path: Path) -> str | None:
 
 
 def _holder(record: dict[str, Any] | None) -> str:
-    if record is None:  # being written this moment, or not this engine's
-        return "its record not readable yet"
+    if record is None:  # being written this moment, not this engine's, or a read error
+        return "its record not readable"
     return f"pid {record['pid']} on {printable(record['host'])}, since {printable(str(record.get('started')))}"
 
 
@@ -241,7 +265,8 @@ def _write_record(fd: int, record: dict[str, Any]) -> None:
     """``record`` over the one in ``fd``, in one write from its start, flushed."""
     data = json.dumps(record).encode()
     data += b" " * (RECORD_BYTES - 1 - len(data)) + b"\n"
-    os.pwrite(fd, data, 0)
+    if os.pwrite(fd, data, 0) != len(data):
+        raise OSError(errno.ENOSPC, "record written in part")
     os.ftruncate(fd, len(data))  # a longer one written before (not by this engine): its tail is no part of it
     os.fsync(fd)
 
@@ -271,33 +296,48 @@ def _open_held(path: Path) -> int | None:
                      "ended", path, exc.strerror or exc)
             return None
         try:
+            _held[fd] = (-1, -1)  # at once: a child forked meanwhile (another thread) closes it too
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
-                os.close(fd)
+                _close(fd)
                 log.info("%s is not a file: a run killed hard will read as not finished", path)
                 return None
             if not _take_lock(fd):
-                with os.fdopen(os.dup(fd), "rb") as handle:
+                holder = _holder(None)
+                with suppress(OSError), open(fd, "rb", closefd=False) as handle:
                     holder = _holder(read_record(handle))
-                os.close(fd)
+                _close(fd)
                 raise run_held(path.parent, holder)
             # The file locked is the one at the name (not one removed or replaced since it was opened): else again
             named = _identity(path)
             if named is None or named[:2] != (info.st_dev, info.st_ino):
-                os.close(fd)
+                _close(fd)
                 continue
         except RunHeld:
             raise
         except OSError as exc:  # a file system without locks: readers cannot tell either
-            os.close(fd)
+            # emptied: an earlier attempt's record there would say this running one was killed
+            _close(fd, empty=True)
             log.info("%s could not be locked (%s): a run killed hard will read as not finished", path,
                      exc.strerror or exc)
             return None
         except BaseException:  # an interrupt meanwhile: the lock goes with the file
-            os.close(fd)
+            _close(fd)
             raise
         _held[fd] = (info.st_dev, info.st_ino)
         return fd
+
+
+def _close(fd: int, empty: bool = False) -> None:
+    """Close ``fd`` (of _open_held), which lets go of its lock; ``empty``: first empty the file, which then says
+    nothing."""
+    try:
+        if empty:
+            with suppress(OSError):
+                os.ftruncate(fd, 0)
+    finally:
+        _held.pop(fd, None)
+        os.close(fd)
 
 
 def _how(exc: BaseException | None) -> str:
@@ -316,10 +356,24 @@ def controller_record(run_dir: Path, summary: Path, flow_run_id: str | None = No
     it now (a retry of a run still running), as far as this machine can see. Where this attempt ends without
     writing ``summary`` (the run's summary.json), its record says so, with how it ended, before it lets go. Where the
     record cannot be written (a full disk) the run goes on without it: holding the lock, nothing it reads says
-    killed."""
+    killed. ``run_dir`` is made where missing (a run started from a server's UI or a deployment); where this attempt
+    made it and it holds nothing else as the attempt ends (a run refused as bad input), it goes with its record."""
     path = run_dir / CONTROLLER_FILE
     before = _identity(summary)
-    fd = _open_held(path)
+    made = outermost_missing(run_dir)
+    if made is not None:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError:  # said where the record cannot be made
+            remove_made(run_dir, made)
+        except BaseException:
+            remove_made(run_dir, made)
+            raise
+    try:
+        fd = _open_held(path)
+    except BaseException:
+        remove_made(run_dir, made)
+        raise
     record = {**this_machine(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
               "flow_run_id": flow_run_id}
     if fd is not None:
@@ -328,7 +382,7 @@ def controller_record(run_dir: Path, summary: Path, flow_run_id: str | None = No
         except OSError as exc:  # held all the same: read as a run going on, never as killed
             log.info("%s could not be written (%s)", path, exc.strerror or exc)
         except BaseException:
-            _let_go(fd)
+            _end(fd, run_dir, made)
             raise
     ended: BaseException | None = None
     try:
@@ -337,10 +391,35 @@ def controller_record(run_dir: Path, summary: Path, flow_run_id: str | None = No
         ended = exc
         raise
     finally:
-        if fd is not None:
+        if fd is None:
+            if made is not None and _only_record(run_dir):  # a record opened, never locked (emptied)
+                with suppress(OSError):
+                    path.unlink()
+            remove_made(run_dir, made)  # only what is empty
+        else:
             written = _identity(summary)
-            _let_go(fd, None if written is not None and written != before else
-                    {**record, "ended": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "how": _how(ended)})
+            _end(fd, run_dir, made, None if written is not None and written != before else
+                 {**record, "ended": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "how": _how(ended)})
+
+
+def _end(fd: int, run_dir: Path, made: Path | None, last: dict[str, Any] | None = None) -> None:
+    """The attempt holding ``fd`` ends: a run folder it made holding nothing but its record goes (the record removed
+    while its lock is held: no retry took it meanwhile), else ``last`` is written over the record (_let_go)."""
+    if made is not None and _only_record(run_dir):
+        with suppress(OSError):
+            (run_dir / CONTROLLER_FILE).unlink()
+        _let_go(fd)
+        remove_made(run_dir, made)
+    else:
+        _let_go(fd, last)
+
+
+def _only_record(run_dir: Path) -> bool:
+    try:
+        with os.scandir(run_dir) as entries:
+            return [entry.name for entry in entries] == [CONTROLLER_FILE]
+    except OSError:
+        return False
 
 
 def _let_go(fd: int, last: dict[str, Any] | None = None) -> None:
@@ -355,5 +434,4 @@ def _let_go(fd: int, last: dict[str, Any] | None = None) -> None:
                 with suppress(OSError):
                     os.ftruncate(fd, 0)
     finally:
-        _held.pop(fd, None)
-        os.close(fd)
+        _close(fd)
