@@ -53,9 +53,10 @@ BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 HELD_ERRNOS = (errno.EAGAIN, errno.EACCES)
 # Open file description locks: the kernel's numbers, the same on every Linux architecture, where Python lacks the names
 # (built against glibc before 2.20); none elsewhere (macOS): then no lock is taken and readers say nothing
-_LINUX = sys.platform.startswith("linux")
-F_OFD_GETLK: int | None = getattr(fcntl, "F_OFD_GETLK", 36 if _LINUX else None)
-F_OFD_SETLK: int | None = getattr(fcntl, "F_OFD_SETLK", 37 if _LINUX else None)
+# (the struct below is 64-bit Linux's: a 32-bit build takes no lock rather than pass the kernel a wrong layout)
+_LINUX = sys.platform.startswith("linux") and struct.calcsize("P") == 8
+F_OFD_GETLK: int | None = getattr(fcntl, "F_OFD_GETLK", 36) if _LINUX else None
+F_OFD_SETLK: int | None = getattr(fcntl, "F_OFD_SETLK", 37) if _LINUX else None
 # struct flock of 64-bit Linux: l_type, l_whence (short), l_start, l_len (off_t), l_pid (int), 32 bytes
 FLOCK = struct.Struct("hh4xqqi4x")
 
