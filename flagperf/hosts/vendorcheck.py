@@ -203,10 +203,10 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
     # __pycache__ is Python's own (a vendor's package gets one at every import): naming it in every check says
     # nothing a vendor can act on, so only the folders a vendor made are named
     made = [name for name in skipped if Path(name).name != "__pycache__"]
-    folders = [name for name in made if os.path.isdir(vendor.folder / name)]
+    folders = [name for name in made if not os.path.islink(vendor.folder / name)]
     if folders:
         found.notes.append(_skipped_note(vendor.folder, folders))
-    links = [name for name in made if name not in folders]  # dot-files that are links out of the folder
+    links = [name for name in made if name not in folders]  # dot-files and -folders that are links out of it
     if links:
         found.notes.append(_skipped_links_note(vendor.folder, links))
     return found
@@ -227,16 +227,23 @@ def _skipped_note(folder: Path, skipped: list[str]) -> str:
 
 
 def _skipped_links_note(folder: Path, links: list[str]) -> str:
-    """The note on the dot-files that are links out of the vendor folder: the link scan passes over a dot-file, as a
-    round's scan and the source digest do, so no round refuses such a link, but in a round's container it may lead
-    nowhere (the folder is at another path there): the vendor is told which, with where each leads."""
-    named = ", ".join(f"{name} -> {_link_target(folder / name)}" for name in links[:SKIPPED_NAMED]) + (
+    """The note on the dot-files (and dot-folders) that are links out of the vendor folder: the link scan passes
+    over them, as a round's scan and the source digest do, so no round refuses such a link, but in a round's
+    container it leads elsewhere: one by an absolute path to that path as the container has it, a relative one
+    perhaps nowhere (the folder is at another path there). The vendor is told which, with where each leads."""
+    shown = links[:SKIPPED_NAMED]
+    named = ", ".join(f"{name} -> {_link_target(folder / name)}" for name in shown) + (
         f" and {len(links) - SKIPPED_NAMED} more" if len(links) > SKIPPED_NAMED else "")
     one = len(links) == 1
+    absolute = [_link_target(folder / name) for name in shown if os.path.isabs(_link_target(folder / name))]
+    relative = len(absolute) < len(shown)
+    leads = f"it leads to {absolute[0]}" if one and absolute else "each by an absolute path leads to that path"
+    container = f"in a round's container {leads} as the container has it" if absolute else ""
+    nowhere = (f"in a round's container, where the folder is at another path, {'it' if one else 'each relative one'} "
+               "may lead nowhere" if relative else "")
     return (f"{display_path(folder)}: {named} {'leads' if one else 'lead'} out of the vendor folder, "
             f"{'a dot-file' if one else 'dot-files'} every round's link scan passes over (no round refuses "
-            f"{'it' if one else 'them'}): in a round's container, where the folder is at another path, "
-            f"{'it' if one else 'each'} may lead nowhere")
+            f"{'it' if one else 'them'}): " + "; ".join(part for part in (container, nowhere) if part))
 
 
 def _link_target(link: Path) -> str:

@@ -716,9 +716,21 @@ def test_a_dot_file_link_out_of_the_vendor_folder_is_named(tmp_path: Path) -> No
     (tmp_path / "token.txt").write_text("x\n")
     (folder / "pytorch" / ".token").symlink_to(os.path.join("..", "..", "..", "token.txt"))
     (folder / ".spec").symlink_to("spec.py")  # inside the folder
+    (folder / ".docs").symlink_to("pytorch")  # a dot-folder inside it
+    dotted = (".token", ".spec", ".docs", ".datadir")
     found = check_vendor_folder(folder, monitor_seconds=1)
-    assert [line for line in found.notes if ".token" in line or ".spec" in line] == [
+    assert [line for line in found.notes if any(name in line for name in dotted)] == [
         f"{display_path(folder)}: pytorch/.token -> ../../../token.txt leads out of the vendor folder, a dot-file "
         "every round's link scan passes over (no round refuses it): in a round's container, where the folder is at "
         "another path, it may lead nowhere"], found.notes
     assert not [line for line in found.problems if ".token" in line], found.problems
+    # A dot-folder that is a link out (os.walk lists it among the folders) was said "not scanned" alone; one by an
+    # absolute path leads to that path as the container has it.
+    (folder / "pytorch" / ".token").unlink()
+    (folder / ".datadir").symlink_to(tmp_path)
+    found = check_vendor_folder(folder, monitor_seconds=1)
+    assert [line for line in found.notes if any(name in line for name in dotted)] == [
+        f"{display_path(folder)}: .datadir -> {tmp_path} leads out of the vendor folder, a dot-file every round's link "
+        f"scan passes over (no round refuses it): in a round's container it leads to {tmp_path} as the container has "
+        "it"], found.notes
+    assert not [line for line in found.problems if ".datadir" in line], found.problems
