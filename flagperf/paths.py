@@ -95,15 +95,18 @@ def walk_source(folder: str | Path, strict: bool = False, built: bool = False,
     ``onerror``: where not ``strict``, told of each folder that cannot be listed (the link scan names it).
     ``skipped``: each folder the walk passes over by that rule is added to it (its path), as the walk lists it: vendor
     check says which it did not look into. ``skipped_links``: each file it passes over by its name that is a link
-    (a dot-file) is added to it (its path): the link scan judges those too, for vendor check to name."""
+    (a dot-file), and each folder it passes over that is a link (os.walk lists a link to a folder among the folders:
+    .data -> /datasets), is added to it (its path) rather than to ``skipped``: the link scan judges those too, for
+    vendor check to name."""
     for top, folders, files in os.walk(folder, onerror=_raise if strict else onerror):
         passed = [name for name in folders if skipped_folder(top, name)]
+        linked = [name for name in passed if skipped_links is not None and os.path.islink(os.path.join(top, name))]
         if skipped is not None:
-            skipped += [os.path.join(top, name) for name in sorted(passed)]
+            skipped += [os.path.join(top, name) for name in sorted(passed) if name not in linked]
         folders[:] = sorted(name for name in folders if name not in passed)
         if skipped_links is not None:
-            skipped_links += [os.path.join(top, name) for name in sorted(files) if skipped_in_source(name)
-                              and os.path.islink(os.path.join(top, name))]
+            skipped_links += [os.path.join(top, name) for name in sorted([*linked, *files]) if name in linked or (
+                skipped_in_source(name) and os.path.islink(os.path.join(top, name)))]
         files[:] = sorted(name for name in files if not (skipped_in_source(name) if built else skipped_file(name)))
         yield top, folders, files
 

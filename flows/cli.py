@@ -1356,6 +1356,8 @@ def _check_file(path: Path, notes: list[str]) -> str:
         what = (f"vendor image {display_path(image[1])}" if Path(os.path.abspath(path)) == image[1] else
                 f"install script of {display_path(image[1])}")
         return _check_packages_file(*image, notes, what=what)
+    if path.match("*install*.sh") or "dockerfile" in path.name.lower():  # no YAML: read as one, it says nothing
+        raise ConfigError(display_path(path), None, _image_file_without_vendor(path))
     if path.suffix == ".py":  # FlagPerf training's test_conf.py, or its cluster_conf.py: checked together
         from flagperf.config.plan import plan_run
         from flagperf.hosts.flagperf_training import CLUSTER_CONF, load_training_conf
@@ -1458,6 +1460,23 @@ def _image_file_dockerfile(path: Path) -> tuple[Path, Path] | None:
         if given == dockerfile or (script and given.parent == dockerfile.parent):
             return home, dockerfile
     return None
+
+
+def _image_file_without_vendor(path: Path) -> str:
+    """Why a Dockerfile or an install script _image_file_dockerfile found no vendor image for is not checked: it is
+    checked with its vendor folder, which it has none of, or it is none of the Dockerfiles vendor check checks."""
+    from flagperf.config.files import is_present
+    from flagperf.paths import VENDOR_MANIFEST
+
+    given = Path(os.path.abspath(path))
+    home = next((folder for folder in given.parents if is_present(folder / VENDOR_MANIFEST)), None)
+    kind = "an install script" if given.match("*install*.sh") else "a Dockerfile"
+    if home is None:
+        return (f"{kind} is checked with its vendor folder, and no folder above it has {VENDOR_MANIFEST}: "
+                "`flagperf vendor check <folder>` checks the folder once it has one")
+    what = "an install script beside no Dockerfile" if kind == "an install script" else "not a Dockerfile"
+    return (f"{what} vendor check builds for {display_path(home)} (container.dockerfile, <framework>/Dockerfile): "
+            f"`flagperf vendor check {display_path(home)}` says what it is")
 
 
 def _check_packages_file(home: Path, dockerfile: Path, notes: list[str], what: str | None = None) -> str:

@@ -13,13 +13,17 @@ import re
 import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import PurePosixPath
+from typing import NamedTuple
 
 # <<EOF, <<-EOF, <<"EOF", <<'EOF': Docker's (BuildKit) heredocs, whose body lines follow the instruction.
 HEREDOC = re.compile(r"(?<!<)<<(-?)\s*([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
 # A shell variable in a path: $NAME or ${NAME}; anything more ($(...), ${NAME:-x}) makes the path unknowable here.
 VARIABLE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}|\$[A-Za-z_][A-Za-z0-9_]*")
 OPERATORS = {";", "&&", "||", "|", "&", "(", ")", ";;", "|&"}
+PIPES = {"|", "|&"}  # each command of a pipeline runs in a subshell of its own
+LISTS = {";", ";;", "&"}  # what ends an and-or list (& runs the whole list in a subshell)
 REDIRECTS = {">", ">>", ">|", "&>", "&>>", ">&"}
 INPUTS = {"<", "<<", "<<<", "<&", "<>"}
 # What shlex reads as one word of punctuation (");", ")|", "&&("), split into the shell's operators, longest first.
@@ -66,9 +70,20 @@ PACKAGES = "packages"  # FlagPerf's folder beside the Dockerfile (vendor check's
 # A path of packages/ in a word as written (packages/x.run, ./packages/wheels/, --find-links=packages/w): not one
 # under another folder ($PKGS/packages/x, /opt/packages/y), which is not the build context's.
 PACKAGE_PATH = re.compile(rf"(?<![\w./$-])(?:\./)?({PACKAGES}/[^\s'\";|&<>()`]*)")
-# What a word names as a file where the shell is in another folder (cd packages && sh x.run): one with a / in it,
-# or one by these endings (a wheel, an installer, an archive, a script).
+# What a word names as a file where the shell is in another folder (cd packages && sh x.run): the program by a path
+# (./x.sh), a shell's script, an input redirection's file, or an argument by these endings (a wheel, an installer, an
+# archive, a script).
 FILE_ENDING = re.compile(r"\.(?:whl|run|sh|bash|py|deb|rpm|tar|tgz|tbz2?|txz|gz|bz2|xz|zst|zip)$", re.IGNORECASE)
+# Commands whose arguments are text, patterns or names rather than files the shell looks for where it is: after a
+# cd, a word of theirs that looks like a file (echo "installing a.run", sed 's/a/b/' setup.py, git checkout
+# origin/main) is not read as one.
+TEXT_ARGUMENTS = {"echo", "printf", "sed", "grep", "egrep", "fgrep", "awk", "gawk", "git", "test", "[", "[["}
+# Of those, the ones that never open a file: a packages/ path among their arguments is none the build needs (echo
+# "put packages/x.run here"); a test's operand is what a guard looks for (FILE_TESTS).
+NO_FILES = {"echo", "printf", "test", "[", "[["}
+TESTS = {"test", "[", "[["}
+# test's and [ 's unary tests of a file: [ -f x.run ] && sh x.run runs x.run only where it is there.
+FILE_TESTS = {f"-{letter}" for letter in "abcdefghkprsuwxGLNOS"}
 # A local archive ADD unpacks (Docker's ADD extracts tar, gzip, bzip2 and xz archives).
 ARCHIVE = re.compile(r"\.(?:tar|tgz|tbz2?|txz|tar\.(?:gz|bz2|xz|zst))$", re.IGNORECASE)
 
@@ -172,20 +187,52 @@ def run_scripts(instruction: Instruction) -> list[str]:
 
 def _heredoc_scripts(line: str, heredocs: list[re.Match[str]]) -> list[int]:
     """Which of a line's heredocs (by their order in it) a shell reads as its script: the last one fed to a
-    command that is a shell with options only (bash, sudo -E bash -e): the shell's input is its last heredoc."""
+    command that is a shell reading its input (bash, sudo -E bash -e, bash -o pipefail, bash --norc), or to cat
+    whose output a pipe hands such a shell (cat <<EOF | bash): the shell's input is its last heredoc."""
     marked = line
     for index, heredoc in reversed(list(enumerate(heredocs))):
         marked = f"{marked[:heredoc.start()]} {HEREDOC_MARK.format(index)} {marked[heredoc.end():]}"
     scripts = []
-    for command in _commands(shell_words(marked)):
+    commands = _commands(shell_words(marked))
+    for position, (command, operator) in enumerate(commands):
         fed = [index for index in range(len(heredocs)) if HEREDOC_MARK.format(index) in command]
         words = [word for word in _without_redirections(command) if not re.fullmatch(
             HEREDOC_MARK.format(r"\d+"), word)]
         program, _ = _program(words)
-        if fed and program and PurePosixPath(program[0]).name in SHELLS \
-                and all(word.startswith("-") and "c" not in word.lstrip("-") for word in program[1:]):
+        if not fed or not program:
+            continue
+        if _reads_its_input(program):
             scripts.append(fed[-1])
+        elif PurePosixPath(program[0]).name == "cat" and all(word == "-" for word in program[1:]) \
+                and operator in PIPES and position + 1 < len(commands):
+            shell, _ = _program(_without_redirections(commands[position + 1][0]))
+            if _reads_its_input(shell):
+                scripts.append(fed[-1])
     return scripts
+
+
+def _reads_its_input(program: list[str]) -> bool:
+    """Whether a command is a shell that reads its script from its input: its options only (an option that takes a
+    value with it: -o pipefail, +O extglob, --rcfile FILE), none of them -c (a command string) or a script file."""
+    if not program or PurePosixPath(program[0]).name not in SHELLS:
+        return False
+    index = 1
+    while index < len(program):
+        word = program[index]
+        index += 1
+        if word in ("-", "--"):
+            return True  # the options end: the words after them are the script's arguments
+        if word in ("--rcfile", "--init-file"):
+            index += 1
+        elif word.startswith("--"):
+            continue  # --norc, --login, --posix
+        elif re.fullmatch(r"[-+][A-Za-z]+", word):
+            if "c" in word[1:] and word[0] == "-":
+                return False
+            index += sum(letter in "oO" for letter in word[1:])  # -o NAME, -eo pipefail
+        else:
+            return False  # a script file: the heredoc is its data
+    return True
 
 
 def shell_lines(text: str) -> list[tuple[int, str]]:
@@ -276,19 +323,49 @@ def copy_parts(instruction: Instruction) -> tuple[list[str], list[str], str] | N
     return flags, paths[:-1], paths[-1]
 
 
+class Named(NamedTuple):
+    """A packages/ path a line names."""
+
+    shown: str  # as the line has it (after a cd: with the path it is from where the shell started)
+    path: str  # from where the shell started
+    guarded: bool = False  # the line tests it first ([ -f x.run ] && sh x.run): the build goes on without it
+
+
+def context_path(path: str, places: dict[str, str]) -> str | None:
+    """An absolute path of the image as a path of the build context, where a place in ``places`` (an absolute path:
+    the context's path it holds) holds it, the nearest first; None where none does."""
+    path = posixpath.normpath(path)
+    for place in sorted(places, key=len, reverse=True):
+        if path == place or path.startswith(place.rstrip("/") + "/"):
+            inside = posixpath.normpath(posixpath.join(places[place], posixpath.relpath(path, place)))
+            return "" if inside == "." else None if inside == ".." or inside.startswith("../") else inside
+    return None
+
+
 @dataclass
 class Shell:
     """Where one shell (a RUN step's, an install script's, a heredoc a shell runs) is, read command by command: its
-    folder as a path from where it started ("" there), None where this reading cannot tell (cd to an absolute path,
-    to $VAR, to -, popd). cd and pushd move it; a subshell's ( ... ) or $( ... ) moves only itself."""
+    folder as a path from where it started ("" there), None where this reading cannot tell (cd to $VAR, to -, popd,
+    to an absolute path no COPY or WORKDIR placed). cd and pushd move it; a subshell's ( ... ) or $( ... ), a command
+    of a pipeline and an and-or list run in the background (&) move only themselves; a function's body is passed
+    over (it runs where it is called, if ever)."""
 
     folder: str | None = ""
-    outer: list[str | None] = field(default_factory=list)  # the folder at each open parenthesis
+    # The folder and the start of the and-or list at each open parenthesis.
+    outer: list[tuple[str | None, str | None]] = field(default_factory=list)
+    # The image's absolute paths that hold a part of the build context (COPY . /w/: "/w" holds ""; WORKDIR, where
+    # the shell started, holds ""): a cd to one of them is a cd into the context.
+    places: dict[str, str] = field(default_factory=dict)
+    defining: bool = False  # a function's name and () read: its body follows
+    body_depth: int = 0  # inside a function's body: the braces open
 
     def moved(self, arguments: list[str]) -> None:
         """cd's or pushd's arguments."""
         places = [word for word in arguments if not word.startswith("-") or word == "-"]
         place = places[0] if places else ""
+        if place.startswith("/") and not re.search(r"[$`~*?\[]", place):
+            self.folder = context_path(place, self.places)
+            return
         if self.folder is None or not place or place == "-" or place.startswith(("/", "~", "$")) \
                 or re.search(r"[`]|\$\(|\$\{[^}]*[^A-Za-z0-9_}]", place):
             self.folder = None
@@ -304,31 +381,72 @@ class BuildWrites:
 
     written: list[str] = field(default_factory=list)
     downloads: bool = False
+    # The image's absolute paths a COPY put a part of the build context in (COPY . /w/: "/w" holds ""; COPY
+    # packages /w/packages: "/w/packages" holds "packages"): a cd there, or a path written there, is the context's.
+    places: dict[str, str] = field(default_factory=dict)
+    workdir: str | None = None  # the WORKDIR the steps read so far set (None: none, or one this cannot tell)
     # Files land where this reading cannot tell (COPY --from, ADD of a URL or an archive, tar x without -C, unzip
     # without -d): a packages/ path not found may be one of them.
     unknown_places: bool = False
     # The folder the command being read runs in (Shell.folder): what it writes by a relative path lies there.
     _folder: str | None = field(default="", init=False, repr=False)
+    # Written paths, for lookups without a scan of them all: each one without a glob, every leading part of one, and
+    # the globs by their first component.
+    _exact: set[str] = field(default_factory=set, init=False, repr=False)
+    _leading: set[str] = field(default_factory=set, init=False, repr=False)
+    _globs: dict[str, list[str]] = field(default_factory=dict, init=False, repr=False)
+    _by_first: dict[str, list[str]] = field(default_factory=dict, init=False, repr=False)
 
-    def read(self, words: Iterable[str], shell: Shell | None = None) -> list[tuple[str, str]]:
+    def shell(self) -> Shell:
+        """A new shell of a RUN step read now: it starts in WORKDIR, and knows where COPY put the context."""
+        return Shell(places={**self.places, **({self.workdir: ""} if self.workdir else {})})
+
+    def read(self, words: Iterable[str], shell: Shell | None = None) -> list[Named]:
         """One logical line's words, run in ``shell`` (a new one: in the folder the shell starts in): what it
         writes, and each packages/ path it names, as written and as the path from where the shell started (the
-        same, but after a cd: cd packages && sh x.run names packages/x.run)."""
+        same, but after a cd: cd packages && sh x.run names packages/x.run), and whether the line tests for it."""
         shell = Shell() if shell is None else shell
-        named: list[tuple[str, str]] = []
+        named: list[Named] = []
+        guards: set[str] = set()
         command: list[str] = []
-        for word in [*words, ";"]:
+        items = [*words, ";"]
+        previous, start = ";", shell.folder  # the operator before the command, the folder its and-or list began in
+        index = 0
+        while index < len(items):
+            word = items[index]
+            index += 1
+            if shell.body_depth:  # a function's body: it runs where it is called, if ever
+                shell.body_depth += (word == "{") - (word == "}")
+                continue
+            if word == "{" and (shell.defining or command[:1] == ["function"]):
+                shell.defining, shell.body_depth, command = False, 1, []
+                continue
+            shell.defining = shell.defining and word == ";"  # f() ( ... ): a subshell's body is read as one
+            if word == "(" and items[index:index + 1] == [")"] and (
+                    len(command) == 1 or (len(command) == 2 and command[0] == "function")):
+                shell.defining, command = True, []  # name() { ...; }
+                index += 1
+                continue
             if word not in OPERATORS:
                 command.append(word)
                 continue
             if command:
-                named += self._command(command, shell)
+                shell.defining = shell.defining or (len(command) == 2 and command[0] == "function")
+                before = shell.folder
+                named += self._command(command, shell, guards)
+                if previous in PIPES or word in PIPES:
+                    shell.folder = before
             command = []
+            if word == "&":
+                shell.folder = start
             if word == "(":
-                shell.outer.append(shell.folder)
+                shell.outer.append((shell.folder, start))
             elif word == ")" and shell.outer:
-                shell.folder = shell.outer.pop()
-        return named
+                shell.folder, start = shell.outer.pop()
+            if word in LISTS or word == "(":
+                start = shell.folder
+            previous = word
+        return [found._replace(guarded=True) if found.path in guards else found for found in named]
 
     def copy(self, instruction: Instruction) -> None:
         """A COPY or ADD step: its destination is written. A relative one is under WORKDIR, which the RUN steps
@@ -338,6 +456,7 @@ class BuildWrites:
         if parts is None:
             return
         flags, sources, destination = parts
+        self._placed(flags, sources, destination)
         if any(flag.startswith("--from") for flag in flags):
             self.unknown_places = True
         elif instruction.keyword == "ADD" and any(re.match(r"[A-Za-z][A-Za-z0-9+.-]*://|git@", source)
@@ -356,7 +475,30 @@ class BuildWrites:
         self._folder = ""
         self._wrote("/".join(parts))
 
-    def _command(self, words: list[str], shell: Shell) -> list[tuple[str, str]]:
+    def work(self, instruction: Instruction) -> None:
+        """A WORKDIR step: where the RUN steps after it start (a relative one from the WORKDIR before it)."""
+        place = instruction.text.partition("\n")[0].strip()
+        if not place or re.search(r"[$`]", place) or (not place.startswith("/") and self.workdir is None):
+            self.workdir = None  # from a variable, or from the base image's WORKDIR: unknown here
+            return
+        self.workdir = posixpath.normpath(posixpath.join(self.workdir or "/", place))
+
+    def _placed(self, flags: list[str], sources: list[str], destination: str) -> None:
+        """Where a COPY or ADD of one folder of the context (., packages, packages/sub) put it: its contents go to
+        the destination."""
+        if any(flag.startswith("--from") for flag in flags) or len(sources) != 1 or re.search(r"[$`*?\[]", destination):
+            return
+        source = posixpath.normpath(sources[0])
+        if source != "." and (source.split("/")[0] != PACKAGES or re.search(r"[$`*?\[]", source)
+                              or FILE_ENDING.search(source)):
+            return  # a file, or a folder the packages/ check has nothing of
+        if not destination.startswith("/"):
+            if self.workdir is None:
+                return
+            destination = posixpath.join(self.workdir, destination)
+        self.places[posixpath.normpath(destination)] = "" if source == "." else source
+
+    def _command(self, words: list[str], shell: Shell, guards: set[str]) -> list[Named]:
         targets: list[str] = []  # of > and >>: written once the command's folder is known (env -C moves it)
         program, elsewhere = _program(_without_redirections(words, targets.append))
         self._folder = None if elsewhere else shell.folder
@@ -367,6 +509,9 @@ class BuildWrites:
             return named
         name = PurePosixPath(program[0]).name
         arguments = program[1:]
+        if name in TESTS:
+            guards.update(path for option, operand in pairwise(arguments)
+                          if option in FILE_TESTS for path in self._paths(operand))
         if name in ("cd", "pushd"):
             shell.moved(arguments)
             return named
@@ -429,25 +574,46 @@ class BuildWrites:
             self._wrote(plain[-1])
         return named
 
-    def _named(self, words: list[str], program: list[str]) -> list[tuple[str, str]]:
-        """The packages/ paths a command's words name: as written where the shell is where it started; after a cd,
-        the words that name a file (./x.sh, wheels/*.whl, x.run, a shell's script), from the folder it is in."""
+    def _named(self, words: list[str], program: list[str]) -> list[Named]:
+        """The packages/ paths a command's words name: as written where the shell is where it started (but none of
+        echo's, printf's or a test's); after a cd, from the folder it is in, the words that name a file there: the
+        program by a path (./x.sh), a shell's script (sh x.run, . ./env.sh), an input redirection's file, or an
+        argument by a file's ending with no blank in it (pip install wheels/*.whl), but none of a command whose
+        arguments are text or patterns (echo, sed, git, test: TEXT_ARGUMENTS)."""
+        name = PurePosixPath(program[0]).name if program else ""
         if self._folder == "":
-            return [(name, name) for word in words for name in PACKAGE_PATH.findall(word)]
+            if name in NO_FILES:
+                return []
+            return [Named(found, found) for word in words for found in PACKAGE_PATH.findall(word)]
         if self._folder is None:
             return []
-        script = _script_argument(program)
+        candidates = []
+        if program:
+            if "/" in program[0]:
+                candidates.append(program[0])  # ./x.sh; a bare name is a command found on PATH
+            script = _script_argument(program)
+            if script is not None:
+                candidates.append(program[script])
+            elif name not in TEXT_ARGUMENTS:
+                candidates += [word for word in program[1:] if not word.startswith("-") and FILE_ENDING.search(word)]
+        candidates += [after for before, after in pairwise(words) if before in ("<", "<>")]
         found = []
-        for position, word in enumerate(words):
-            if word.startswith(("-", "/", "~", "$")) or "://" in word or "=" in word or word in REDIRECTS:
+        for word in dict.fromkeys(candidates):
+            if re.search(r"\s", word) or word.startswith(("-", "/", "~", "$")) or "://" in word or "=" in word:
                 continue
-            if program and word is program[0] and "/" not in word:
-                continue  # a command found on PATH, not in the folder
-            if "/" in word or FILE_ENDING.search(word) or position == script:
-                path = posixpath.normpath(posixpath.join(self._folder, word))
-                if path.startswith(PACKAGES + "/"):
-                    found.append((f"{word} ({path} after cd {self._folder})", path))
+            path = posixpath.normpath(posixpath.join(self._folder, word))
+            if path.startswith(PACKAGES + "/"):
+                found.append(Named(f"{word} ({path} after cd {self._folder})", path))
         return found
+
+    def _paths(self, word: str) -> list[str]:
+        """The packages/ paths one word names, from where the shell started (a test's operand)."""
+        if self._folder == "":
+            return PACKAGE_PATH.findall(word)
+        if self._folder is None or word.startswith(("/", "~", "$")):
+            return []
+        path = posixpath.normpath(posixpath.join(self._folder, word))
+        return [path] if path.startswith(PACKAGES + "/") else []
 
     def _wrote(self, word: str) -> None:
         path = as_glob(word)
@@ -457,16 +623,39 @@ class BuildWrites:
             path = posixpath.normpath(posixpath.join(self._folder, path))
             if path == ".." or path.startswith("../"):
                 return
+        if path.startswith("/") and not re.search(r"[*?\[]", path):
+            inside = context_path(path, self.places)  # where COPY put the context: the context's path too
+            if inside:
+                self._add(inside)
+        self._add(path)
+
+    def _add(self, path: str) -> None:
         # A place whose first component the shell decides ($WORKDIR, ${DEST}/x: read as *) could be anywhere; as
         # a glob it would match every path and switch the check off, so it is not counted as written.
-        if not re.search(r"[*?\[]", path.split("/")[0]) and path not in self.written:
-            self.written.append(path)
+        first = path.split("/")[0]
+        if re.search(r"[*?\[]", first) or path in self._exact or path in self._globs.get(first, ()):
+            return
+        self.written.append(path)
+        self._by_first.setdefault(first, []).append(path)
+        if re.search(r"[*?\[]", path):
+            self._globs.setdefault(first, []).append(path)
+            return
+        self._exact.add(path)
+        parts = path.split("/")
+        self._leading.update("/".join(parts[:end]) for end in range(1, len(parts) + 1))
 
     def made(self, path: str) -> bool:
         """Whether ``path`` (a glob of as_glob's) is one the steps write, or lies under one, or names one (a glob
-        that matches a place written). Matched component by component: a * never stands for a /."""
+        that matches a place written). Matched component by component: a * never stands for a /. Looked up, not
+        scanned: only a glob is matched against the written places of its first component."""
         parts = path.split("/")
-        return any(_leads(place.split("/"), parts) or _leads(parts, place.split("/")) for place in self.written)
+        if not re.search(r"[*?\[]", path):
+            if path in self._leading or any("/".join(parts[:end]) in self._exact for end in range(1, len(parts))):
+                return True
+            places = self._globs.get(parts[0], [])
+        else:
+            places = self.written if re.search(r"[*?\[]", parts[0]) else self._by_first.get(parts[0], [])
+        return any(_leads(place.split("/"), parts) or _leads(parts, place.split("/")) for place in places)
 
 
 def _without_redirections(words: list[str], targets: Callable[[str], None] | None = None) -> list[str]:
@@ -549,6 +738,21 @@ def _script_argument(program: list[str]) -> int | None:
     return None
 
 
+def run_by_pattern(script: str) -> list[str]:
+    """The programs and shell scripts a script runs by a name the shell decides ($SCRIPT, ./${FW}_install.sh, a for
+    loop's $s over *_install.sh), each as a glob of what it may be (as_glob's: a variable is *)."""
+    found = []
+    for _, line in shell_lines(script):
+        for command, _ in _commands(shell_words(line)):
+            program, _ = _program(_without_redirections(command))
+            position = _script_argument(program)
+            for word in program[:1] + ([program[position]] if position is not None else []):
+                glob = as_glob(word)
+                if glob is not None and re.search(r"[*?\[]", glob):
+                    found.append(glob)
+    return found
+
+
 def _tar_extracts(arguments: list[str]) -> bool:
     """Whether tar's arguments extract: -x, --extract, --get, or x in the first word's bundled letters (xzf, -xzf)."""
     if any(word in ("--extract", "--get") for word in arguments):
@@ -564,12 +768,14 @@ def _leads(patterns: list[str], parts: list[str]) -> bool:
                                                for pattern, part in zip(patterns, parts, strict=False))
 
 
-def _commands(words: list[str]) -> list[list[str]]:
-    """The simple commands of a line's words: split at ; && || | & and parentheses."""
-    commands: list[list[str]] = [[]]
+def _commands(words: list[str]) -> list[tuple[list[str], str]]:
+    """The simple commands of a line's words, each with the operator after it (";" at the end): split at ; && || |
+    & and parentheses."""
+    commands: list[tuple[list[str], str]] = [([], ";")]
     for word in words:
         if word in OPERATORS:
-            commands.append([])
+            commands[-1] = (commands[-1][0], word)
+            commands.append(([], ";"))
         else:
-            commands[-1].append(word)
-    return [command for command in commands if command]
+            commands[-1][0].append(word)
+    return [(command, operator) for command, operator in commands if command]

@@ -29,6 +29,7 @@ folder, one line per finding.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import os
@@ -39,7 +40,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pydantic import ValidationError
@@ -93,13 +94,17 @@ from flagperf.config.vendors import (
 from flagperf.config.yamlio import parse_yaml_text
 from flagperf.errors import ConfigError, FlagperfError, finding_key, findings, left_out_line, one_line, unknown_name
 from flagperf.hosts.buildsteps import (
+    HEREDOC,
     PACKAGES,
+    RUN_FLAGS,
     BuildWrites,
     Instruction,
+    Named,
     Shell,
     as_glob,
     copy_parts,
     dockerfile_instructions,
+    run_by_pattern,
     run_scripts,
     shell_lines,
     shell_words,
@@ -203,10 +208,10 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
     # __pycache__ is Python's own (a vendor's package gets one at every import): naming it in every check says
     # nothing a vendor can act on, so only the folders a vendor made are named
     made = [name for name in skipped if Path(name).name != "__pycache__"]
-    folders = [name for name in made if os.path.isdir(vendor.folder / name)]
+    folders = [name for name in made if not os.path.islink(vendor.folder / name)]
     if folders:
         found.notes.append(_skipped_note(vendor.folder, folders))
-    links = [name for name in made if name not in folders]  # dot-files that are links out of the folder
+    links = [name for name in made if name not in folders]  # dot-files and -folders that are links out of it
     if links:
         found.notes.append(_skipped_links_note(vendor.folder, links))
     return found
@@ -227,16 +232,23 @@ def _skipped_note(folder: Path, skipped: list[str]) -> str:
 
 
 def _skipped_links_note(folder: Path, links: list[str]) -> str:
-    """The note on the dot-files that are links out of the vendor folder: the link scan passes over a dot-file, as a
-    round's scan and the source digest do, so no round refuses such a link, but in a round's container it may lead
-    nowhere (the folder is at another path there): the vendor is told which, with where each leads."""
-    named = ", ".join(f"{name} -> {_link_target(folder / name)}" for name in links[:SKIPPED_NAMED]) + (
+    """The note on the dot-files (and dot-folders) that are links out of the vendor folder: the link scan passes
+    over them, as a round's scan and the source digest do, so no round refuses such a link, but in a round's
+    container it leads elsewhere: one by an absolute path to that path as the container has it, a relative one
+    perhaps nowhere (the folder is at another path there). The vendor is told which, with where each leads."""
+    shown = links[:SKIPPED_NAMED]
+    named = ", ".join(f"{name} -> {_link_target(folder / name)}" for name in shown) + (
         f" and {len(links) - SKIPPED_NAMED} more" if len(links) > SKIPPED_NAMED else "")
     one = len(links) == 1
+    absolute = [_link_target(folder / name) for name in shown if os.path.isabs(_link_target(folder / name))]
+    relative = len(absolute) < len(shown)
+    leads = f"it leads to {absolute[0]}" if one and absolute else "each by an absolute path leads to that path"
+    container = f"in a round's container {leads} as the container has it" if absolute else ""
+    nowhere = (f"in a round's container, where the folder is at another path, {'it' if one else 'each relative one'} "
+               "may lead nowhere" if relative else "")
     return (f"{display_path(folder)}: {named} {'leads' if one else 'lead'} out of the vendor folder, "
             f"{'a dot-file' if one else 'dot-files'} every round's link scan passes over (no round refuses "
-            f"{'it' if one else 'them'}): in a round's container, where the folder is at another path, "
-            f"{'it' if one else 'each'} may lead nowhere")
+            f"{'it' if one else 'them'}): " + "; ".join(part for part in (container, nowhere) if part))
 
 
 def _link_target(link: Path) -> str:
@@ -434,6 +446,27 @@ def _check_dockerfile(dockerfile: Path, found: Findings) -> None:
         found.passed.append(f"image {display_path(dockerfile)}" + (f" with {', '.join(scripts)}" if scripts else ""))
 
 
+# The engine builds with docker-py's APIClient.build (hosts/docker.py), Docker's classic builder: BuildKit's
+# Dockerfile syntax fails there (a heredoc's body is read as instructions: "unknown instruction: ECHO").
+CLASSIC_BUILDER = "the engine builds with Docker's classic builder, which has no heredocs or --mount (BuildKit's)"
+
+
+def buildkit_only(step: Instruction) -> list[str]:
+    """What a step uses that only BuildKit has: a heredoc (RUN <<EOF, COPY <<EOF /x), a RUN option (--mount=...,
+    --network=..., --security=...)."""
+    first = step.text.partition("\n")[0]
+    found = []
+    flags = RUN_FLAGS.match(first) if step.keyword == "RUN" else None
+    if flags:
+        found.append(f"RUN {flags.group(0).strip()}: {CLASSIC_BUILDER}; drop the option"
+                     + (" and COPY what it mounts" if "--mount" in flags.group(0) else ""))
+    heredoc = HEREDOC.search(first) if step.keyword in ("RUN", "COPY", "ADD") else None
+    if heredoc:
+        found.append(f"{step.keyword} ... {heredoc.group(0)}: {CLASSIC_BUILDER}; put what it holds in a file beside "
+                     "the Dockerfile and COPY it" + (" (a script: then RUN bash it)" if step.keyword == "RUN" else ""))
+    return found
+
+
 def install_scripts(context: Path) -> list[str]:
     """The install scripts beside a Dockerfile (FlagPerf's <framework>_install.sh, or any *install*.sh)."""
     return sorted(p.name for p in context.glob("*install*.sh"))
@@ -459,6 +492,8 @@ def dockerfile_findings(dockerfile: Path, found: Findings) -> list[ConfigError]:
     if not any(step.keyword == "RUN" for step in instructions) and not scripts:
         errors.append(ConfigError(where, None, "no install step (a RUN line, or FlagPerf's <framework>_install.sh "
                                   "beside it)"))
+    errors += [ConfigError(where, None, f"line {step.line}: {problem}") for step in instructions
+               for problem in buildkit_only(step)]
     for step in instructions:
         parts = copy_parts(step) if step.keyword in ("COPY", "ADD") else None
         if parts is None or any(flag.startswith("--from") for flag in parts[0]):
@@ -477,10 +512,23 @@ def dockerfile_findings(dockerfile: Path, found: Findings) -> list[ConfigError]:
             if not there:
                 errors.append(ConfigError(where, None, f"line {step.line}: copies {name}, which is not in "
                                           f"{display_path(context)}"))
+    runs = [step for step in instructions if step.keyword == "RUN"]  # a comment or a COPY of it runs nothing
     for script in scripts:
-        if not any(script in step.text for step in instructions):  # a comment naming it runs nothing
+        if any(re.search(rf"(?<![\w.-]){re.escape(script)}(?![\w.-])", step.text) for step in runs):
+            continue
+        maybe = next(((step, word) for step in runs for text in run_scripts(step) for word in run_by_pattern(text)
+                      if fnmatch.fnmatchcase(script, PurePosixPath(word).name)), None)
+        if maybe is None:
             errors.append(ConfigError(where, None, unused_script_problem(script, context.name)))
+        else:
+            found.notes.append(f"{where}: line {maybe[0].line} runs {maybe[1]}, which may be {script} (this check "
+                               f"cannot tell); if not, {unused_script_problem(script, context.name)}")
     return errors + _packages_named(dockerfile, instructions, scripts, found)
+
+
+# Where FlagPerf has a Dockerfile's folder when it runs <framework>_install.sh (its utils/image_manager.py mounts it
+# there); some of its install scripts name it (PKG_DIR="/workspace/docker_image/packages").
+FLAGPERF_IMAGE_FOLDER = "/workspace/docker_image"
 
 
 def unused_script_problem(script: str, framework: str) -> str:
@@ -488,11 +536,11 @@ def unused_script_problem(script: str, framework: str) -> str:
     itself, in a container of the built image that it then commits; here the image is what the Dockerfile builds and
     nothing more, so a FlagPerf folder's script does nothing until the Dockerfile runs it: how is said. The whole
     folder is copied so that the script's relative paths (packages/...) are as the packages/ check reads them."""
-    flagperf = (f"FlagPerf runs {script} in a container of the built image and commits that, " if
+    flagperf = ("FlagPerf runs it in a container of the built image and commits that, " if
                 script == f"{framework}_install.sh" else "")
-    return (f"{script} is beside the Dockerfile but the Dockerfile never runs it: {flagperf}here the image is what the "
-            f"Dockerfile builds alone; add `COPY . /tmp/build/` and `RUN cd /tmp/build && bash {script}` to the "
-            "Dockerfile, or remove the script")
+    return (f"{script} is beside the Dockerfile, which never runs it: {flagperf}here the image is the Dockerfile's "
+            f"build alone; add `COPY . {FLAGPERF_IMAGE_FOLDER}/` and `RUN cd {FLAGPERF_IMAGE_FOLDER} && bash {script}` "
+            "(FlagPerf's path, which its scripts name) to the Dockerfile, or remove the script")
 
 
 # FlagPerf's guide keeps what <framework>_install.sh installs beyond the Dockerfile in packages/ beside it: a path
@@ -525,10 +573,18 @@ def _packages_named(dockerfile: Path, instructions: list[Instruction], scripts: 
     context = dockerfile.parent
     shown = display_path(context)
     errors: list[ConfigError] = []
-    # Each shell the build runs, with its lines: a RUN step's command line, each heredoc a shell runs as its script,
-    # an install script (a cd in one moves the rest of that shell only)
-    sources = [(display_path(dockerfile), [(step.line, line) for _, line in shell_lines(script)])
-               for step in instructions if step.keyword == "RUN" for script in run_scripts(step)]
+    # Each shell the build runs, with its lines and the shell it starts as: a RUN step's command line, each heredoc a
+    # shell runs as its script (in WORKDIR), an install script (a cd in one moves the rest of that shell only)
+    writes = BuildWrites()  # the build as a whole: a step sees what another one wrote
+    sources: list[tuple[str, list[tuple[int, str]], Shell]] = []
+    for step in instructions:
+        if step.keyword == "WORKDIR":
+            writes.work(step)
+        elif step.keyword in ("COPY", "ADD"):
+            writes.copy(step)
+        elif step.keyword == "RUN":
+            sources += [(display_path(dockerfile), [(step.line, line) for _, line in shell_lines(script)],
+                         writes.shell()) for script in run_scripts(step)]
     for script in scripts:
         path = context / script
         if path.is_symlink():  # read through a link, a file elsewhere would be quoted here
@@ -540,17 +596,12 @@ def _packages_named(dockerfile: Path, instructions: list[Instruction], scripts: 
             found.not_checkable.append(f"{exc.source}: the {PACKAGES_FOLDER}/ paths it names are not checked "
                                        f"({exc.message})")
             continue
-        sources.append((display_path(path), shell_lines(text)))
-    writes = BuildWrites()  # the build as a whole: a step sees what an earlier one wrote
-    for step in instructions:
-        if step.keyword in ("COPY", "ADD"):
-            writes.copy(step)
-    named: list[tuple[str, int, str, str]] = []  # where, line, the path as the line has it, the path in the context
-    for where, lines in sources:
-        shell = Shell()
+        sources.append((display_path(path), shell_lines(text), Shell(places=dict(writes.places))))
+    named: list[tuple[str, int, Named]] = []  # where, line, the path as the line has it and in the context
+    for where, lines, shell in sources:
         for number, line in lines:
-            named += [(where, number, shown, name) for shown, name in writes.read(shell_words(line), shell)]
-    for where, number, shown_name, name in dict.fromkeys(named):
+            named += [(where, number, found) for found in writes.read(shell_words(line), shell)]
+    for where, number, (shown_name, name, guarded) in dict.fromkeys(named):
         path = as_glob(name)
         if path is None or writes.made(path):  # the shell decides it (${X:-y}, $(...)), or the build writes it
             continue
@@ -564,7 +615,11 @@ def _packages_named(dockerfile: Path, instructions: list[Instruction], scripts: 
             found.not_checkable.append(f"{where}: line {number}: {shown_name} cannot be looked for ({exc})")
             continue
         if not there:
-            if writes.downloads or writes.unknown_places:
+            if guarded:
+                found.notes.append(f"{where}: line {number}: names {shown_name}, which is not in {shown}: the line "
+                                   "tests for it first ([ -f ... ]), so the build goes on without it; if it should "
+                                   f"be installed, FlagPerf's {PACKAGES_FOLDER}/ goes beside the Dockerfile")
+            elif writes.downloads or writes.unknown_places:
                 how = ("downloads files (wget, curl, pip download)" if writes.downloads else
                        "writes files where this check cannot tell (COPY --from, ADD of a URL or an archive, tar x "
                        "without -C, unzip without -d)")

@@ -10,8 +10,13 @@ def read(*lines: str) -> tuple[list[str], BuildWrites]:
     """The packages/ paths the lines (one shell's, in order) name, as paths of the context, and what they write."""
     writes, shell, named = BuildWrites(), Shell(), []
     for line in lines:
-        named += [path for _, path in writes.read(shell_words(line), shell)]
+        named += [found.path for found in writes.read(shell_words(line), shell)]
     return named, writes
+
+
+def each(*lines: str) -> list[str]:
+    """The packages/ paths each line names, each in a shell of its own."""
+    return [found.path for line in lines for found in BuildWrites().read(shell_words(line))]
 
 
 def test_install_d_makes_every_folder_it_names_and_install_copies_to_its_last() -> None:
@@ -74,3 +79,85 @@ def test_a_line_with_a_script_heredoc_and_a_data_heredoc_runs_only_the_script() 
     assert scripts == [["bash <<SCRIPT && cat <<CONF > /etc/pip.conf", "pip install packages/a.whl"],
                        ["cat <<CONF >/etc/x && sudo -E bash -e <<SCRIPT", "cd packages\n./b.sh"],
                        ["pip install packages/c.whl"], ["bash -c 'true' <<DATA"]]
+
+
+def test_after_a_cd_only_a_word_the_shell_opens_as_a_file_is_looked_for() -> None:
+    """After cd packages, any word with a / or a file's ending was read as a file of packages/: a sed expression,
+    echo's text, a git branch, a mirror's address were said missing. Now only the program by a path, a shell's
+    script, an input redirection's file and an argument ending like a file (no blank in it) are, and none of a
+    command whose arguments are text or patterns (echo, printf, sed, grep, awk, git, test, [)."""
+    named = each("cd packages/apex && sed -i 's/check_cuda_torch_binary_vs_bare_metal(CUDA_HOME)/pass/' setup.py",
+                    'cd packages && echo "installing a.run" && printf "%s" b.run && sh a.run',
+                    "cd packages && git checkout origin/main && grep -l x c.sh && awk -f d.awk e.txt",
+                    "cd packages && echo a/b > notes.txt && pip install -i mirrors.aliyun.com/pypi/simple torch",
+                    "cd packages && ./f/setup.sh --prefix=/opt && bash -e g.sh && python setup.py install < h.in",
+                    "cd packages && pip install wheels/*.whl ./local/ && tar xzf i.tar.gz -C /opt && [ -e j.run ]")
+    assert named == ["packages/apex", "packages/a.run", "packages/f/setup.sh", "packages/g.sh", "packages/setup.py",
+                     "packages/h.in", "packages/wheels/*.whl", "packages/i.tar.gz"]
+
+
+def test_a_name_the_line_tests_for_first_is_guarded() -> None:
+    """cd packages && if [ -f opt.run ]; then sh opt.run; fi was said missing where opt.run is absent, though the
+    build goes on without it. A name a test of a file (test -f, [ -e ], [[ -s ]]) looks for in the same line is
+    guarded (vendor check makes it a note); the test's operand itself is no name, with or without a cd."""
+    writes = BuildWrites()
+    lines = ["cd packages && if [ -f opt.run ]; then sh opt.run; fi", "test -e ./packages/b.run && sh packages/b.run",
+             "sh packages/c.run; [ -f packages/d.run ]", "[[ -s packages/e.run ]] || echo packages/e.run"]
+    assert [[(found.path, found.guarded) for found in writes.read(shell_words(line))] for line in lines] == [
+        [("packages/opt.run", True)], [("packages/b.run", True)], [("packages/c.run", False)], []]
+
+
+def test_a_cd_in_a_pipeline_in_the_background_or_in_a_function_moves_no_later_command() -> None:
+    """cd packages & sh x.run, cd packages | true; sh x.run and f() { cd packages; } moved the folder for what came
+    after, as a plain cd does: x.run was looked for in packages/. Each command of a pipeline and an and-or list
+    run with & are subshells, and a function's body runs where it is called: none moves the shell; a list run in the
+    background runs in the folder its own cd went to."""
+    named = each("cd packages & sh a.run", "cd packages | true; sh b.run", "true | cd packages; sh c.run",
+                    "f() { cd packages; }; sh d.run", "function g {; cd packages; }; sh e.run",
+                    "cd packages && sh f.run & sh g.run", "cd packages; cat x | sort; sh h.run")
+    assert named == ["packages/f.run", "packages/h.run"]
+
+
+def test_a_cd_to_where_copy_put_the_context_or_to_workdir_is_a_cd_into_the_context() -> None:
+    """COPY . /workspace/docker_image/ and RUN cd /workspace/docker_image && sh packages/driver.run: a cd to an
+    absolute path made every later name unknown, so a missing driver.run passed. A COPY of the context (or of
+    packages/) and WORKDIR tell the shell where the context is; a cd elsewhere still makes the place unknown, and a
+    path written there is the context's too."""
+    writes = BuildWrites()
+    for step in dockerfile_instructions("FROM x\nCOPY . /workspace/docker_image/\nWORKDIR /w\nWORKDIR sub\n"
+                                        "COPY packages/ /opt/pkgs\nRUN true\n"):
+        writes.work(step) if step.keyword == "WORKDIR" else writes.copy(step) if step.keyword == "COPY" else None
+    assert writes.places == {"/workspace/docker_image": "", "/opt/pkgs": "packages"} and writes.workdir == "/w/sub"
+    named = []
+    for line in ["cd /workspace/docker_image && sh packages/a.run", "cd /workspace/docker_image/packages/x && ./b.sh",
+                 "cd /opt/pkgs && sh c.run && cd /w/sub && sh packages/d.run && cd /elsewhere && sh packages/e.run",
+                 "mkdir -p /workspace/docker_image/packages/made"]:
+        named += [found.path for found in writes.read(shell_words(line), writes.shell())]
+    assert named == ["packages/a.run", "packages/x/b.sh", "packages/c.run", "packages/d.run"]
+    assert writes.made("packages/made/f.run") and not writes.made("packages/a.run")
+
+
+def test_thousands_of_written_and_named_paths_are_judged_as_few_are() -> None:
+    """Each name was matched against every written path (3000 mkdir and sh pairs: minutes). Written paths are
+    looked up now; what is judged is the same: under a written folder, a folder leading to one, a glob matching
+    one, or none of these."""
+    lines = [f"mkdir -p packages/d{index} && sh packages/d{index}/x.run && sh packages/n{index}.run"
+             for index in range(3000)]
+    named, writes = read(*lines, "mkdir -p packages/g/${VER}/lib")
+    assert len(named) == 9001 and len(writes.written) == 3001  # mkdir names its folder too
+    assert [path for path in named if not writes.made(path)] == [f"packages/n{index}.run" for index in range(3000)]
+    assert writes.made("packages/d7") and writes.made("packages/d*") and writes.made("packages/g/1.2/lib/a.so")
+    assert writes.made("packages/g/*") and not writes.made("packages/g/1.2/other")
+    assert not writes.made("packages/e*") and writes.made("packages/*")
+
+
+def test_a_heredoc_piped_to_a_shell_or_fed_to_one_with_valued_options_is_its_script() -> None:
+    """cat <<EOF | bash, bash -o pipefail <<EOF and bash --norc <<EOF were read as data (the script's packages/ paths
+    never looked for): a shell's options may take a value (-o pipefail) and a long one is never -c. A heredoc cat
+    hands a shell through a pipe is that shell's script; one fed to a shell with a script file is the script's
+    data."""
+    text = ("FROM x\nRUN cat <<A | sudo bash -e\nsh packages/a.run\nA\nRUN bash -o pipefail <<B\nsh packages/b.run\nB\n"
+            "RUN bash --norc -s -- x <<C\nsh packages/c.run\nC\nRUN bash run.sh <<D\npackages/d.run\nD\n"
+            "RUN cat <<E | grep x\npackages/e.run\nE\n")
+    scripts = [run_scripts(step)[1:] for step in dockerfile_instructions(text) if step.keyword == "RUN"]
+    assert scripts == [["sh packages/a.run"], ["sh packages/b.run"], ["sh packages/c.run"], [], []]

@@ -4,6 +4,7 @@ wording kept out; a suite given where an inventory goes (and the other way round
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -329,3 +330,23 @@ def test_a_vendors_datasheets_yaml_is_checked_as_vendor_check_reads_it(tmp_path:
         assert errors("validate", str(sheets)) == [
             f"error {display_path(sheets)}: lists no datasheet entries (empty, or comments only): a list of entries, "
             "each with its source; or remove the file if the vendor's spec.py reads none"], text
+
+
+def test_a_dockerfile_or_install_script_without_its_vendor_folder_says_it_is_checked_with_it(tmp_path: Path) -> None:
+    """validate of a Dockerfile or an install script with no vendor.yaml above it read the file as YAML: "top level
+    must be a mapping, got str". It says now that such a file is checked with its vendor folder, and where there is
+    one but the file is none of the Dockerfiles vendor check builds, which command says what it is."""
+    dockerfile = write(tmp_path / "lone" / "Dockerfile", "FROM x\nRUN true\n")
+    script = write(tmp_path / "lone" / "pytorch_install.sh", "true\n")
+    assert errors("validate", str(dockerfile), str(script)) == [
+        f"error {display_path(path)}: {kind} is checked with its vendor folder, and no folder above it has vendor.yaml:"
+        " `flagperf vendor check <folder>` checks the folder once it has one"
+        for path, kind in ((dockerfile, "a Dockerfile"), (script, "an install script"))]
+    vendor = tmp_path / "testvendor"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "vendor_adaptation" / "vendors" / vendor.name,
+                    vendor)
+    stray = write(vendor / "docker_image" / "pytorch" / "Dockerfile", "FROM x\nRUN true\n")
+    assert errors("validate", str(stray)) == [
+        f"error {display_path(stray)}: not a Dockerfile vendor check builds for {display_path(vendor)} "
+        f"(container.dockerfile, <framework>/Dockerfile): `flagperf vendor check {display_path(vendor)}` says what it "
+        "is"]
