@@ -5,6 +5,7 @@ accelerator; the CPU's thread count in the record."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +17,7 @@ from flagperf.config.vendors import load_vendor
 from flagperf.operation.config import plan_points
 from flagperf.operation.driver import Implementations, PointRunner, run_operation
 from flagperf.operation.impls import ImplEnv, OperatorImplementation
-from flagperf.operation.precision import IEEE, PinnedArithmetic, ieee_matmuls, matmul_arithmetic, set_arithmetic
+from flagperf.operation.precision import IEEE, PinnedArithmetic, ieee_matmuls, matmul_arithmetic
 from flagperf.operation.timer import ACCELERATOR_FLUSH_FLOOR, CacheFlush, flush_bytes
 from flagperf.results.schema import SpecTable
 from tests.unit.test_operation import config
@@ -32,12 +33,12 @@ def cpu_spec() -> SpecTable:
 @pytest.fixture
 def tf32_process() -> Iterator[dict[str, str]]:
     """The process set to TF32 products (as an environment or a library's import may leave it), put back after."""
-    before = matmul_arithmetic()
+    before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")
     try:
         yield matmul_arithmetic()
     finally:
-        set_arithmetic(before)
+        torch.set_float32_matmul_precision(before)
 
 
 class _Recorder(OperatorImplementation):
@@ -68,6 +69,8 @@ def test_the_round_pins_ieee_products_states_it_and_gives_the_process_its_settin
     assert f"pinned to '{IEEE}' for the round" in outcome.report.timing
     assert f"the process had {', '.join(f'{k} {v}' for k, v in tf32_process.items())}" in outcome.report.timing
     assert matmul_arithmetic() == tf32_process  # given back
+    # ... both of torch's copies of it (the legacy one and the per-backend ones): read apart, they would raise
+    assert torch.get_float32_matmul_precision() == "high" and torch.backends.cuda.matmul.allow_tf32 is True
 
 
 def test_an_implementation_that_switches_to_tf32_fails_and_the_next_runs_in_ieee(cpu_spec: SpecTable) -> None:
@@ -80,6 +83,8 @@ def test_an_implementation_that_switches_to_tf32_fails_and_the_next_runs_in_ieee
                              arithmetic=pinned)
         for point in plan_points(cfg):
             runner.run(point)
+            # put back as a whole: the legacy setting too, which inductor keys its cache on and cuBLAS reads
+            assert torch.get_float32_matmul_precision() == IEEE and torch.backends.cuda.matmul.allow_tf32 is False
         ieee = pinned.pinned
     by = {(p.operator, p.implementation): p for p in runner.points}
     for op in ("mm", "add"):
@@ -96,6 +101,64 @@ def test_an_implementation_that_switches_to_tf32_fails_and_the_next_runs_in_ieee
 def test_an_unchanged_setting_is_no_finding() -> None:
     with ieee_matmuls() as pinned:
         assert isinstance(pinned, PinnedArithmetic) and pinned.changed() is None
+
+
+def _read(getter: Any) -> str:
+    try:
+        return str(getter())
+    except RuntimeError:  # "you have used mix of the legacy and new APIs"
+        return "raises"
+
+
+def _everything_readable() -> tuple[str, ...]:
+    return (_read(torch.get_float32_matmul_precision), _read(lambda: torch.backends.cuda.matmul.allow_tf32),
+            _read(lambda: torch.backends.cuda.matmul.fp32_precision),
+            _read(lambda: torch.backends.mkldnn.matmul.fp32_precision))
+
+
+def _setter(obj: Any, name: str, value: Any) -> Any:
+    return lambda: setattr(obj, name, value)
+
+
+# Every way a process or an implementation writes the setting: the legacy global one (which writes the per-backend
+# ones too), cuBLAS's legacy switch, and each per-backend one on its own (which leaves the legacy one as it was)
+_WRITES = ([lambda v=v: torch.set_float32_matmul_precision(v) for v in ("highest", "high", "medium")]
+           + [_setter(torch.backends.cuda.matmul, "allow_tf32", v) for v in (True, False)]
+           + [_setter(torch.backends.cuda.matmul, "fp32_precision", v) for v in ("none", "ieee", "tf32")]
+           + [_setter(torch.backends.mkldnn.matmul, "fp32_precision", v) for v in ("none", "ieee", "bf16", "tf32")])
+
+
+@pytest.fixture
+def fresh_setting() -> Iterator[None]:
+    def reset() -> None:
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cuda.matmul.fp32_precision = "none"
+        torch.backends.mkldnn.matmul.fp32_precision = "none"
+    reset()
+    yield
+    reset()
+
+
+@pytest.mark.skipif(not hasattr(torch.backends.cuda.matmul, "fp32_precision"), reason="torch before 2.9: one setting")
+def test_every_setting_comes_back_as_found_whatever_an_implementation_switched(fresh_setting: None) -> None:
+    fresh = _everything_readable()
+    writes = range(len(_WRITES))
+    for before in [(), *((w,) for w in writes), *itertools.product(writes, writes)]:
+        for switch in [None, *writes]:
+            for w in before:
+                _WRITES[w]()
+            found = _everything_readable()
+            pinned = PinnedArithmetic()
+            assert _everything_readable() == ("highest", "False", "ieee", "ieee")
+            if switch is not None:
+                _WRITES[switch]()
+            pinned.changed()  # re-pinned as a whole: no read raises for the rest of the round
+            assert _everything_readable() == ("highest", "False", "ieee", "ieee"), (before, switch)
+            pinned.restore()
+            assert _everything_readable() == found, (before, switch)  # which reads raise included
+            torch.set_float32_matmul_precision("highest")
+            torch.backends.cuda.matmul.fp32_precision = torch.backends.mkldnn.matmul.fp32_precision = "none"
+            assert _everything_readable() == fresh
 
 
 @pytest.mark.parametrize(("cache", "accelerator", "expected"), [
