@@ -51,12 +51,7 @@ from flagperf.operation.operators import (
     reference_for,
     shape_label,
 )
-from flagperf.operation.precision import (
-    CUBLAS_TF32_OVERRIDE,
-    PinnedArithmetic,
-    cublas_override,
-    ieee_matmuls,
-)
+from flagperf.operation.precision import PinnedArithmetic, ieee_matmuls
 from flagperf.operation.precision import describe as describe_arithmetic
 from flagperf.operation.sampled import NoSample, Sample, host_sample
 from flagperf.operation.timer import (
@@ -678,12 +673,9 @@ def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device:
                              arithmetic=arithmetic)
         if config.energy_intervals and not monitor_interval_s:
             log.warning("energy loop %s", runner.energy_loop)
-        if cublas_override():
-            log.warning("%s is set: cuBLAS computes fp32 matrix products in TF32 whatever torch's setting, so fp32 "
-                        "GEMM points fail their fp32 tolerance (unset it to measure IEEE fp32)", CUBLAS_TF32_OVERRIDE)
         if arithmetic.before != arithmetic.pinned:
-            log.info("fp32 matrix products pinned to IEEE fp32 for the round (the process had %s)",
-                     describe_arithmetic(arithmetic.before))
+            log.info("fp32 matrix products pinned to IEEE fp32 for the round (the process had %s%s)",
+                     describe_arithmetic(arithmetic.before), arithmetic.started_by)
         for point in planned:
             runner.run(point)
         arithmetic_statement = arithmetic.statement()

@@ -21,8 +21,9 @@ IEEE = "highest"  # torch.set_float32_matmul_precision's name for IEEE fp32 prod
 LEGACY = "float32_matmul_precision"  # torch's one global setting, the name it has in a state
 LEGACY_VALUES = ("highest", "high", "medium")
 MIXED = "mixed"  # a setting torch refuses to read: the global one and a per-backend one were set apart and disagree
-# cuBLAS reads this once at start: TF32 whatever the Python setting says (c10's allow_tf32 override). torch reads it
-# with check_env, which takes "1" and "0" alone (anything else: a warning, and not set)
+# "1" starts torch with TF32 cuBLAS products (NVIDIA's NGC PyTorch images are reported to set it). Since torch 2.0
+# (pytorch#85859) it is the setting's initial value only, which the round's pin replaces like any other; torch reads
+# it with check_env, which takes "1" and "0" alone (anything else: a warning, and not set)
 CUBLAS_TF32_OVERRIDE = "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"
 
 
@@ -83,9 +84,9 @@ def describe(state: dict[str, str]) -> str:
 
 
 def cublas_override(environ: Mapping[str, str] | None = None) -> bool:
-    """The environment forces TF32 on cuBLAS's fp32 products whatever the setting (read by torch at start, which
-    takes "1" alone as set)."""
-    return (os.environ if environ is None else environ).get(CUBLAS_TF32_OVERRIDE, "").strip() == "1"
+    """The environment started torch with TF32 cuBLAS products (CUBLAS_TF32_OVERRIDE "1", the one value torch
+    takes as set)."""
+    return (os.environ if environ is None else environ).get(CUBLAS_TF32_OVERRIDE) == "1"
 
 
 class PinnedArithmetic:
@@ -110,10 +111,15 @@ class PinnedArithmetic:
         text = (f"fp32 matrix products in IEEE fp32: torch's fp32 matmul precision pinned to '{IEEE}' for the round "
                 f"({describe(self.pinned)}; the process had {describe(self.before)}), an implementation that changes "
                 "it fails its point")
-        if cublas_override():
-            text += (f"; {CUBLAS_TF32_OVERRIDE}=1 is set in the environment, so cuBLAS computes fp32 products in TF32 "
-                     "whatever this setting: fp32 GEMM points fail their fp32 tolerance")
-        return text
+        return text + self.started_by
+
+    @property
+    def started_by(self) -> str:
+        """Why the process had TF32 products at start, where the environment says: "" where not."""
+        if not cublas_override():
+            return ""
+        return (f"; {CUBLAS_TF32_OVERRIDE}=1 in the environment started it in TF32 (torch's initial setting only, "
+                "pinned like any other)")
 
     def restore(self) -> None:
         set_arithmetic(self.before, self.before_observed)

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +21,14 @@ from flagperf.config.vendors import load_vendor
 from flagperf.operation.config import plan_points
 from flagperf.operation.driver import Implementations, PointRunner, run_operation
 from flagperf.operation.impls import ImplEnv, OperatorImplementation
-from flagperf.operation.precision import IEEE, PinnedArithmetic, ieee_matmuls, matmul_arithmetic
+from flagperf.operation.precision import (
+    CUBLAS_TF32_OVERRIDE,
+    IEEE,
+    PinnedArithmetic,
+    cublas_override,
+    ieee_matmuls,
+    matmul_arithmetic,
+)
 from flagperf.operation.timer import ACCELERATOR_FLUSH_FLOOR, CacheFlush, flush_bytes
 from flagperf.results.schema import SpecTable
 from tests.unit.test_operation import config
@@ -159,6 +170,28 @@ def test_every_setting_comes_back_as_found_whatever_an_implementation_switched(f
             torch.set_float32_matmul_precision("highest")
             torch.backends.cuda.matmul.fp32_precision = torch.backends.mkldnn.matmul.fp32_precision = "none"
             assert _everything_readable() == fresh
+
+
+_OVERRIDDEN_START = """
+import torch
+from flagperf.operation.precision import ieee_matmuls
+assert torch.backends.cuda.matmul.allow_tf32 is True  # what cuBLAS is asked for: TF32, from the environment
+with ieee_matmuls() as pinned:
+    assert torch.backends.cuda.matmul.allow_tf32 is False  # the pin wins: the variable is an initial value only
+    print(pinned.statement())
+assert torch.backends.cuda.matmul.allow_tf32 is True and torch.get_float32_matmul_precision() == "high"
+"""
+
+
+def test_the_cublas_override_of_an_ngc_image_is_a_starting_setting_the_round_pins_and_says(tmp_path: Path) -> None:
+    env = {**os.environ, CUBLAS_TF32_OVERRIDE: "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, "-c", _OVERRIDDEN_START], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"{CUBLAS_TF32_OVERRIDE}=1 in the environment started it in TF32" in done.stdout
+    assert "the process had cuda tf32" in done.stdout
+    # torch's check_env takes "1" alone: "true" is a warning there and not set, so no note here either
+    assert [cublas_override({CUBLAS_TF32_OVERRIDE: v}) for v in ("1", "true", "yes", "0", "")] == [True] + [False] * 4
 
 
 @pytest.mark.parametrize(("cache", "accelerator", "expected"), [
