@@ -163,8 +163,10 @@ def short_repr(value: object) -> str:
 PEAK_UNITS = {"fp64": "TFLOPS", "fp32": "TFLOPS", "tf32": "TFLOPS", "bf16": "TFLOPS", "fp16": "TFLOPS",
               "fp8": "TFLOPS", "int8": "TOPS", "memory_bandwidth": "GB/s", "memory_capacity": "GiB",
               "h2d_bandwidth": "GB/s", "d2h_bandwidth": "GB/s", "p2p_bandwidth": "GB/s", "allreduce_bandwidth": "GB/s",
-              "internode_bandwidth": "GB/s"}
+              "internode_bandwidth": "GB/s", "memory_side_cache": "MiB"}
 PEAK_KEYS = frozenset(PEAK_UNITS)
+# Device facts beside the peaks: no ratio is formed against them, and null says the device has none
+FACT_KEYS = frozenset({"memory_side_cache"})
 
 
 class StrictModel(BaseModel):

@@ -67,7 +67,7 @@ from flagperf.config.casecode import case_code_not_run
 from flagperf.config.cases import CaseDef, available_cases, load_case, resolve_case_config
 from flagperf.config.engines import ENGINE_MANIFEST, INFERENCE_ENGINES, engine_roots
 from flagperf.config.files import given_name, is_present, read_config_text, regular_file
-from flagperf.config.models import load_model, pydantic_error_to_config_error
+from flagperf.config.models import FACT_KEYS, load_model, pydantic_error_to_config_error
 from flagperf.config.vendorlayout import (
     SCALE_FILE,
     adaptation_listing,
@@ -827,7 +827,8 @@ def _check_peaks(vendor: Vendor, found: Findings) -> None:
         found.notes.append(f"{where}: {', '.join(sparse)} {'is a sparse figure' if len(sparse) == 1 else 'are sparse'}"
                            " (dense: false): cases form no ratio or MFU against a sparse peak (2:4 sparsity doubles"
                            " it); give the dense figure, with its source, to have one")
-    unknown = [key for key, peak in table.peaks.items() if peak.value is None and peak.supported]
+    unknown = [key for key, peak in table.peaks.items()
+               if peak.value is None and peak.supported and key not in FACT_KEYS]
     if unknown:
         found.notes.append(f"{where}: no value for {', '.join(unknown)}: cases report no ratio or MFU against "
                            "them (each one's source says what is missing)")

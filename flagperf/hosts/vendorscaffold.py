@@ -89,6 +89,7 @@ PEAK_FIGURES = {
     "p2p_bandwidth": "device to device on one host, one direction (half a bidirectional)",
     "allreduce_bandwidth": "all-reduce bus bandwidth (nccl-tests' busbw), one direction",
     "internode_bandwidth": "one device to one on another host, one direction (the NIC's Gb/s / 8)",
+    "memory_side_cache": "a last-level cache on the memory side of the L2, which torch does not report; none: null",
 }
 
 

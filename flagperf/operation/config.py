@@ -50,6 +50,12 @@ DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
     FP8: {"rtol": 1.6e-2, "atol": 1e-2},  # fp8 inputs are exact in the reference; the output is bf16
 }
 
+# An accelerator's cache flush is at least Triton's do_bench buffer (256 MB; TritonBench's and FlagGems' kernel
+# timings too): torch reports the L2 alone, and a memory-side cache behind it (AMD's Infinity Cache) would keep a
+# twice-the-L2 flush's inputs where the vendor does not declare it (flagperf.operation.timer.MEMORY_SIDE_CACHE).
+# Not on the CPU, whose flush (twice its last-level cache) already empties the host's caches.
+ACCELERATOR_FLUSH_FLOOR = 256 * 2**20
+
 
 @dataclass(frozen=True)
 class PlannedPoint:
@@ -283,7 +289,9 @@ class OperationConfig(CaseConfig):
         with the plan (flagperf.hosts.capacity), not met by a failed allocation or, where the device is the
         host's memory, by a host that swaps. The CPU's rewarm after each flush (a copy of the inputs and the
         output it holds) is not counted: the round leaves it out where it does not fit (driver.rewarm_fits) and
-        says so on the point, so that the plan never refuses a shape the timing itself can hold."""
+        says so on the point, so that the plan never refuses a shape the timing itself can hold. The cache flush's
+        buffer is, at ACCELERATOR_FLUSH_FLOOR (an accelerator's least; a CPU's is twice its last-level cache, of
+        that order): it is allocated for the whole round, beside every point."""
         points = plan_points(self)
         if not points:
             return None
@@ -296,9 +304,12 @@ class OperationConfig(CaseConfig):
             keys = ("shapes",)
         elif 2 * worst.op.allocated_bytes(worst.op.from_model(worst.model, 1, 1), ELEMENT_BYTES[worst.dtype]) > need:
             keys = ("models",)  # the model's own tensor (an embedding table) is most of it: no batch makes it fit
-        return MemoryNeed(need,
-                          f"{worst.op.name} {shape_label(worst.dims)} in {worst.dtype} ({worst.source}; its inputs "
-                          "and output alone)", keys)
+        what = f"{worst.op.name} {shape_label(worst.dims)} in {worst.dtype} ({worst.source}; its inputs and output"
+        if self.flush_cache:
+            return MemoryNeed(need + ACCELERATOR_FLUSH_FLOOR,
+                              f"{what}, and the cache flush's {ACCELERATOR_FLUSH_FLOOR / 2**20:.0f} MiB buffer: "
+                              "flush_cache: false leaves it out)", keys)
+        return MemoryNeed(need, f"{what} alone)", keys)
 
     def tolerance(self, dtype: str) -> dict[str, float]:
         given = self.tolerances.get(dtype)

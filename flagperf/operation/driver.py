@@ -10,6 +10,7 @@ Cases (cases/operation/<group>/case.yaml) name this module as their entry; ``Con
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,21 +52,20 @@ from flagperf.operation.operators import (
     reference_for,
     shape_label,
 )
-from flagperf.operation.precision import (
-    CUBLAS_TF32_OVERRIDE,
-    PinnedArithmetic,
-    cublas_override,
-    ieee_matmuls,
-)
+from flagperf.operation.precision import PinnedArithmetic, ieee_matmuls
 from flagperf.operation.precision import describe as describe_arithmetic
 from flagperf.operation.sampled import NoSample, Sample, host_sample
 from flagperf.operation.timer import (
+    MEMORY_SIDE_CACHE,
     NEAR_FLOOR_SHARE,
     CacheFlush,
     Timed,
     TimingOptions,
+    flush_bytes,
     graph_support,
     iteration_spread,
+    last_level_cache_bytes,
+    shares_host_caches,
     time_energy,
     time_host,
     time_iterations,
@@ -297,6 +297,23 @@ def _free(device: torch.device) -> None:
         module.empty_cache()
 
 
+def cache_flush(device: torch.device, spec: SpecTable) -> CacheFlush:
+    """The round's cache flush, twice a memory-side cache the vendor's spec table declares; one line where the
+    device has no room for its buffer."""
+    declared = spec.peaks.get(MEMORY_SIDE_CACHE)
+    memory_side = (int(declared.value * 2**20), declared.source) if declared and declared.value else None
+    try:
+        return CacheFlush(device, memory_side)
+    except RuntimeError as exc:  # out of memory: the buffer is allocated once, before any point
+        if not _is_oom(exc):
+            raise
+        needed = flush_bytes(last_level_cache_bytes(device)[0], not shares_host_caches(device),
+                             memory_side[0] if memory_side else None)
+        raise CaseUserError(f"the cache flush's {needed / 2**20:.0f} MiB buffer does not fit in the "
+                            f"device's memory ({_first_line(exc)}): flush_cache: false times without a flush") \
+            from None
+
+
 class PointRunner:
     """Runs the points of a round, one point's inputs and reference at a time."""
 
@@ -320,7 +337,7 @@ class PointRunner:
         self.impls = impls
         self.options = TimingOptions(config.warmup_s, config.rep_s, config.min_iters, config.max_iters,
                                      config.flush_cache, config.cuda_graphs)
-        self.flush = CacheFlush(device) if config.flush_cache else None
+        self.flush = cache_flush(device, spec) if config.flush_cache else None
         fp64 = spec.peaks.get("fp64")
         self.device_has_fp64 = fp64 is None or fp64.supported
         self.points: list[OperatorPoint] = []
@@ -661,8 +678,9 @@ def host_threads() -> str:
     """The threads a CPU's figures ran on: torch's intra-op pool, which its CPU kernels and torch.compile's split a
     call over (torch.utils.benchmark's Timer pins it, to 1 by default, for the same reason: a CPU figure is a
     figure at a thread count)."""
-    return (f"torch's intra-op threads: {torch.get_num_threads()} (of {psutil.cpu_count(logical=True)} logical "
-            "CPUs; the CPU's figures are at this count)")
+    logical = psutil.cpu_count(logical=True) or os.cpu_count()  # None where the platform cannot tell
+    of = f" (of {logical} logical CPUs;" if logical else " (the CPUs' count unknown here;"
+    return f"torch's intra-op threads: {torch.get_num_threads()}{of} the CPU's figures are at this count)"
 
 
 def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device: torch.device,
@@ -678,12 +696,9 @@ def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device:
                              arithmetic=arithmetic)
         if config.energy_intervals and not monitor_interval_s:
             log.warning("energy loop %s", runner.energy_loop)
-        if cublas_override():
-            log.warning("%s is set: cuBLAS computes fp32 matrix products in TF32 whatever torch's setting, so fp32 "
-                        "GEMM points fail their fp32 tolerance (unset it to measure IEEE fp32)", CUBLAS_TF32_OVERRIDE)
         if arithmetic.before != arithmetic.pinned:
-            log.info("fp32 matrix products pinned to IEEE fp32 for the round (the process had %s)",
-                     describe_arithmetic(arithmetic.before))
+            log.info("fp32 matrix products pinned to IEEE fp32 for the round (the process had %s%s)",
+                     describe_arithmetic(arithmetic.before), arithmetic.started_by)
         for point in planned:
             runner.run(point)
         arithmetic_statement = arithmetic.statement()

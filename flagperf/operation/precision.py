@@ -11,14 +11,19 @@ process its setting back at the end."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 IEEE = "highest"  # torch.set_float32_matmul_precision's name for IEEE fp32 products
-# cuBLAS reads this once at start: TF32 whatever the Python setting says (c10's allow_tf32 override)
+LEGACY = "float32_matmul_precision"  # torch's one global setting, the name it has in a state
+LEGACY_VALUES = ("highest", "high", "medium")
+MIXED = "mixed"  # a setting torch refuses to read: the global one and a per-backend one were set apart and disagree
+# "1" starts torch with TF32 cuBLAS products (NVIDIA's NGC PyTorch images are reported to set it). Since torch 2.0
+# (pytorch#85859) it is the setting's initial value only, which the round's pin replaces like any other; torch reads
+# it with check_env, which takes "1" and "0" alone (anything else: a warning, and not set)
 CUBLAS_TF32_OVERRIDE = "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"
 
 
@@ -32,40 +37,65 @@ def _backends() -> dict[str, Any]:
     return found
 
 
+def _read(getter: Callable[[], Any]) -> str:
+    """A setting as text, MIXED where torch refuses the read (the legacy and the per-backend settings disagree)."""
+    try:
+        return str(getter())
+    except RuntimeError:
+        return MIXED
+
+
 def matmul_arithmetic() -> dict[str, str]:
-    """The fp32 matrix-product setting per backend (``{"cuda": "ieee", "mkldnn": "ieee"}``), or torch's one global
-    setting where this torch has no per-backend one (``{"float32_matmul_precision": "highest"}``)."""
-    backends = _backends()
-    if backends:
-        return {name: str(matmul.fp32_precision) for name, matmul in backends.items()}
-    return {"float32_matmul_precision": torch.get_float32_matmul_precision()}
+    """The fp32 matrix-product setting per backend and torch's global one (``{"cuda": "ieee", "mkldnn": "ieee",
+    "float32_matmul_precision": "highest"}``; MIXED for one torch will not read). Since torch 2.9 it keeps both: the
+    legacy global setting (set_float32_matmul_precision, cuda's allow_tf32) and the per-backend fp32_precision; a
+    per-backend write leaves the global one as it was, and reads raise where the two disagree."""
+    state = {name: str(matmul.fp32_precision) for name, matmul in _backends().items()}
+    state[LEGACY] = _read(torch.get_float32_matmul_precision)
+    return state
 
 
-def set_arithmetic(state: dict[str, str]) -> None:
-    """Put back a setting matmul_arithmetic read."""
-    backends = _backends()
-    for name, value in state.items():
-        if name in backends:
-            backends[name].fp32_precision = value
-        else:
-            torch.set_float32_matmul_precision(value)
+def _observed() -> tuple[dict[str, str], str]:
+    """What can be read of the setting: matmul_arithmetic and cuBLAS's allow_tf32 (readable on a CPU build too),
+    which tells a legacy setting matmul_arithmetic reads as MIXED apart."""
+    return matmul_arithmetic(), _read(lambda: torch.backends.cuda.matmul.allow_tf32)
+
+
+def _set_backends(state: dict[str, str]) -> None:
+    for name, matmul in _backends().items():
+        if name in state and str(matmul.fp32_precision) != state[name]:
+            matmul.fp32_precision = state[name]
+
+
+def set_arithmetic(state: dict[str, str], observed: tuple[dict[str, str], str] | None = None) -> None:
+    """Put back a setting matmul_arithmetic read (``observed``: _observed's reading with it, which a MIXED global
+    setting is found again by): the global setting first, which writes the per-backend ones too, then a per-backend
+    one set apart from it. A global one read as MIXED is the one of LEGACY_VALUES that reads back as observed."""
+    legacy = state.get(LEGACY, MIXED)
+    for candidate in (legacy,) if legacy != MIXED else LEGACY_VALUES:
+        torch.set_float32_matmul_precision(candidate)
+        _set_backends(state)
+        if observed is None or _observed() == observed:
+            return
 
 
 def describe(state: dict[str, str]) -> str:
     return ", ".join(f"{name} {value}" for name, value in state.items())
 
 
-def cublas_override() -> bool:
-    """The environment forces TF32 on cuBLAS's fp32 products whatever the setting (read by torch at start)."""
-    return os.environ.get(CUBLAS_TF32_OVERRIDE, "").strip().lower() in ("1", "true", "yes", "on")
+def cublas_override(environ: Mapping[str, str] | None = None) -> bool:
+    """The environment started torch with TF32 cuBLAS products (CUBLAS_TF32_OVERRIDE "1", the one value torch
+    takes as set)."""
+    return (os.environ if environ is None else environ).get(CUBLAS_TF32_OVERRIDE) == "1"
 
 
 class PinnedArithmetic:
     """IEEE fp32 matrix products for the round (``pinned``), the process's own setting given back by ``restore``."""
 
     def __init__(self) -> None:
-        self.before = matmul_arithmetic()
-        torch.set_float32_matmul_precision(IEEE)
+        self.before_observed = _observed()
+        self.before = self.before_observed[0]
+        torch.set_float32_matmul_precision(IEEE)  # the global setting and every backend's: none left to disagree
         self.pinned = matmul_arithmetic()
 
     def changed(self) -> str | None:
@@ -73,7 +103,7 @@ class PinnedArithmetic:
         now = matmul_arithmetic()
         if now == self.pinned:
             return None
-        set_arithmetic(self.pinned)
+        torch.set_float32_matmul_precision(IEEE)
         return describe(now)
 
     def statement(self) -> str:
@@ -81,13 +111,18 @@ class PinnedArithmetic:
         text = (f"fp32 matrix products in IEEE fp32: torch's fp32 matmul precision pinned to '{IEEE}' for the round "
                 f"({describe(self.pinned)}; the process had {describe(self.before)}), an implementation that changes "
                 "it fails its point")
-        if cublas_override():
-            text += (f"; {CUBLAS_TF32_OVERRIDE} is set in the environment, so cuBLAS computes fp32 products in TF32 "
-                     "whatever this setting: fp32 GEMM points fail their fp32 tolerance")
-        return text
+        return text + self.started_by
+
+    @property
+    def started_by(self) -> str:
+        """Why the process had TF32 products at start, where the environment says: "" where not."""
+        if not cublas_override():
+            return ""
+        return (f"; {CUBLAS_TF32_OVERRIDE}=1 in the environment started it in TF32 (torch's initial setting only, "
+                "pinned like any other)")
 
     def restore(self) -> None:
-        set_arithmetic(self.before)
+        set_arithmetic(self.before, self.before_observed)
 
 
 @contextmanager

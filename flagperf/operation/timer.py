@@ -28,13 +28,13 @@ from typing import Any
 import torch
 
 from flagperf.measure.device import device_clock, device_module, synchronize
+from flagperf.operation.config import ACCELERATOR_FLUSH_FLOOR
 from flagperf.results.metrics import percentile
 
 FALLBACK_CACHE_BYTES = 64 * 2**20  # when the device does not say how large its last-level cache is
-# An accelerator's flush is at least Triton's do_bench buffer (256 MB, TritonBench's and FlagGems' kernel timings
-# too): torch reports the L2 alone, and a memory-side cache behind it (AMD's Infinity Cache, 256 MB on an MI300X)
-# would keep a twice-the-L2 flush's inputs. Not on the CPU, whose flush already empties the host's caches.
-ACCELERATOR_FLUSH_FLOOR = 256 * 2**20
+# The spec-table key of a cache on the memory side of the L2 (AMD's Infinity Cache: 256 MiB on an MI300X), which
+# torch does not report: where a vendor declares it, it is the last level the flush is twice of.
+MEMORY_SIDE_CACHE = "memory_side_cache"
 CLOCK_FLOOR_SAMPLES = 64  # empty intervals whose median is the clock's floor
 NEAR_FLOOR_SHARE = 0.1  # a floor over 10% of the median: the timer's own cost is a tenth of the figure or more
 MEDIAN_CONFIDENCE = 0.95  # of the median's interval (order statistics)
@@ -165,11 +165,32 @@ def shares_host_caches(device: torch.device) -> bool:
     return device_module(device) is None
 
 
-def flush_bytes(cache_bytes: int | None, accelerator: bool) -> int:
-    """The flush buffer: twice the last-level cache (FALLBACK_CACHE_BYTES where not reported), and on an accelerator
-    at least ACCELERATOR_FLUSH_FLOOR."""
-    size = 2 * (cache_bytes or FALLBACK_CACHE_BYTES)
+def flush_bytes(cache_bytes: int | None, accelerator: bool, memory_side_bytes: int | None = None) -> int:
+    """The flush buffer: twice the last-level cache (the larger of the reported one and a declared memory-side
+    one; FALLBACK_CACHE_BYTES where neither), and on an accelerator at least ACCELERATOR_FLUSH_FLOOR."""
+    size = 2 * (max(cache_bytes or 0, memory_side_bytes or 0) or FALLBACK_CACHE_BYTES)
     return max(size, ACCELERATOR_FLUSH_FLOOR) if accelerator else size
+
+
+def flush_description(cache_bytes: int | None, source: str, accelerator: bool,
+                      memory_side: tuple[int, str] | None = None) -> str:
+    """The round's ``flush`` line for a flush of flush_bytes: its size and why (``memory_side``: the memory-side
+    cache's bytes and where the figure came from)."""
+    side_bytes, side_source = memory_side or (None, "")
+    nbytes = flush_bytes(cache_bytes, accelerator, side_bytes)
+    if side_bytes and side_bytes >= (cache_bytes or 0):
+        last: int | None = side_bytes
+        cache = f"the memory-side cache behind the L2: {MEMORY_SIDE_CACHE} of the vendor's spec table ({side_source})"
+    else:
+        last, cache = cache_bytes, source
+    floored = nbytes > 2 * (last or FALLBACK_CACHE_BYTES)
+    return (f"a {nbytes / 2**20:.0f} MiB buffer written between iterations ("
+            + (f"Triton's do_bench {ACCELERATOR_FLUSH_FLOOR / 2**20:.0f} MiB, more than " if floored else "")
+            + f"twice the last-level cache: {cache}"
+            + (f", {last / 2**20:.1f} MiB)" if last else f"; {FALLBACK_CACHE_BYTES / 2**20:.0f} MiB assumed)")
+            + ("" if accelerator else "; the device's caches are the host's, so each flush is followed by one "
+               "untimed call on a copy of the inputs, which brings back the call's code, state and threads and "
+               "leaves its inputs and output cold"))
 
 
 class CacheFlush:
@@ -180,21 +201,13 @@ class CacheFlush:
     device's flush leaves the host's caches alone. Without it the CPU's timed call paid for its whole path
     coming back from memory: a 3 us native embedding read 130 us, a 30 us compiled one 340 us."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, memory_side: tuple[int, str] | None = None) -> None:
+        """``memory_side``: a cache behind the L2 the vendor's spec table declares (bytes, where from)."""
         size, source = last_level_cache_bytes(device)
         self.rewarm = shares_host_caches(device)
-        nbytes = flush_bytes(size, accelerator=not self.rewarm)
-        self.buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        floored = nbytes > 2 * (size or FALLBACK_CACHE_BYTES)
-        self.description = (f"a {nbytes / 2**20:.0f} MiB buffer written between iterations ("
-                            + (f"Triton's do_bench {ACCELERATOR_FLUSH_FLOOR / 2**20:.0f} MiB, more than " if floored
-                               else "")
-                            + f"twice the last-level cache: {source}"
-                            + (f", {size / 2**20:.1f} MiB)" if size else
-                               f"; {FALLBACK_CACHE_BYTES / 2**20:.0f} MiB assumed)")
-                            + ("; the device's caches are the host's, so each flush is followed by one untimed "
-                               "call on a copy of the inputs, which brings back the call's code, state and threads "
-                               "and leaves its inputs and output cold" if self.rewarm else ""))
+        self.nbytes = flush_bytes(size, not self.rewarm, memory_side[0] if memory_side else None)
+        self.description = flush_description(size, source, not self.rewarm, memory_side)
+        self.buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
 
     def __call__(self) -> None:
         self.buffer.zero_()

@@ -10,7 +10,8 @@ from typing import Any
 import yaml
 
 UNITS = {"fp64": "TFLOPS", "fp32": "TFLOPS", "tf32": "TFLOPS", "bf16": "TFLOPS", "fp16": "TFLOPS", "int8": "TOPS",
-         "fp8": "TFLOPS", "memory_bandwidth": "GB/s", "h2d_bandwidth": "GB/s", "d2h_bandwidth": "GB/s"}
+         "fp8": "TFLOPS", "memory_bandwidth": "GB/s", "h2d_bandwidth": "GB/s", "d2h_bandwidth": "GB/s",
+         "memory_side_cache": "MiB"}
 DATASHEETS = Path(__file__).parent / "datasheets.yaml"
 
 
