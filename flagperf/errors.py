@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -232,17 +233,31 @@ class SpecSettingError(ValueError):
         super().__init__(f"spec_settings.{key}: {message}")
 
 
+# A URL's user and password (scheme://user:password@host): PREFECT_API_URL may hold them, and the messages of the
+# clients that use it (httpx's, requests', Prefect's states built from them) name the whole URL.
+USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s'\"<>]*@")
+
+
+def redact_userinfo(text: str) -> str:
+    """``text`` with every URL's user and password (``scheme://user:password@``) shown as ``scheme://***@``: for a
+    message from elsewhere (a client's error, a flow run's state) that goes on into results and logs."""
+    return USERINFO.sub(r"\1***@", text)
+
+
 def error_line(exc: object) -> str:
     """An exception (or an engine's explanation) in one line: its type and its message's first line. An HTTP error
-    answered by a server (httpx's HTTPStatusError, Prefect's) is its status code and reason alone: its message names
-    the whole URL, which may hold a user and password (PREFECT_API_URL), and it goes on into results and logs."""
+    answered by a server (httpx's HTTPStatusError, Prefect's, and Prefect's ObjectNotFound and ObjectAlreadyExists,
+    which wrap one) is its status code and reason alone: its message names the whole URL, which may hold a user and
+    password (PREFECT_API_URL), and it goes on into results and logs; any other message has a URL's user and password
+    masked (redact_userinfo)."""
     kind = type(exc).__name__ if isinstance(exc, BaseException) else ""
-    response = getattr(exc, "response", None)
+    wrapped = getattr(exc, "http_exc", None)  # Prefect's ObjectNotFound: its own message is often "None"
+    response = getattr(wrapped if isinstance(wrapped, BaseException) else exc, "response", None)
     status, reason = getattr(response, "status_code", None), getattr(response, "reason_phrase", None)
     if isinstance(status, int) and isinstance(reason, str):  # an httpx Response (requests' has .reason instead)
         detail = f"{status} {reason}".strip()
     else:
-        text = str(exc).strip().splitlines()
+        text = redact_userinfo(str(exc).strip()).splitlines()
         detail = text[0] if text else ""
     return f"{kind}: {detail}" if kind and detail else kind or detail
 

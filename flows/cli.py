@@ -30,7 +30,7 @@ from typer.core import TyperGroup
 
 # Only what every command needs is imported here: each command imports the rest itself, so that `--help`, `list`
 # and `validate` start without pandas, paramiko or the report's Markdown (bench/cli_startup.py measures it).
-from flagperf.errors import ConfigError, FlagperfError, findings, gathered, left_out_line
+from flagperf.errors import ConfigError, FlagperfError, findings, gathered, left_out_line, redact_userinfo
 from flagperf.paths import (
     SERVER_LOGS,
     StartFolderGone,
@@ -508,7 +508,8 @@ def run(
         raise _fail(f"the evaluation could not run: {type(outcome).__name__}: {first}", EXIT_FAILED)
     assert state is not None
     if not (run_dir / SUMMARY_JSON).is_file():
-        message = state.message or "the evaluation stopped before its summary"
+        # a state's message names a client's error whole (Prefect's format_exception): a URL's password masked
+        message = redact_userinfo(state.message or "the evaluation stopped before its summary")
         if message.startswith(BAD_INPUT):  # found by the flow before any round ran (e.g. a size that cannot fit)
             if retry is None:  # this run's own folder; a retried run's is the earlier attempts' too, kept as it was
                 _remove_rejected_run(run_dir, results, made)

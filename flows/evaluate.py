@@ -25,7 +25,7 @@ from contextlib import ExitStack, contextmanager
 from contextvars import copy_context
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 from uuid import UUID
 
 from prefect import flow, get_run_logger
@@ -34,7 +34,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.runtime import deployment, flow_run
 from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
-from prefect.states import Cancelled, Cancelling, Completed, Failed, State
+from prefect.states import Cancelling, Completed, Failed, State
 from pydantic import Field
 
 from flagperf.config.cases import available_cases
@@ -49,7 +49,7 @@ from flagperf.config.plan import (
     run_id_for_flow_run,
 )
 from flagperf.config.vendors import available_vendors
-from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure, error_line
+from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure, error_line, redact_userinfo
 from flagperf.hosts.capacity import check_capacity
 from flagperf.hosts.docker import owner_labels
 from flagperf.hosts.flagperf_training import open_inventory
@@ -788,7 +788,8 @@ def run_node(spec: HostSpec, parameters: dict[str, Any]) -> RoundResult:
         state = dispatch(spec, host_round, "host-round/host-round", parameters)
         returned = state_data(state)
         if not state.is_completed():
-            said = (state.message or "").partition("\n")[0].removeprefix(f"{label}: ")
+            # the worker's message names its client's errors whole: a URL's password masked
+            said = redact_userinfo((state.message or "").partition("\n")[0]).removeprefix(f"{label}: ")
             problem = f"{label}: host-round ended {state.name}: {said}"
     except RoundsStopped:  # the evaluation is stopping: the round was stopped while running, not failed
         raise
@@ -846,22 +847,39 @@ def dispatch(spec: HostSpec, subflow: Any, deployment_name: str, parameters: dic
 
 AGENT_POLL_S = 1.0
 # One look at a dispatched run: one request (no retries of Prefect's client nor of its connection pool), its answer
-# waited for this long at most (answered_within); the wait's own loop looks again.
+# waited for this long at most (answered_within); the wait's own loop looks again, never with two looks in flight.
 POLL_TIMEOUT_S = 5.0
 SILENCE_SAID_S = 60.0  # a Prefect server silent this long while the controller waits on a dispatched run is said
 STOP_LOOK_S = 0.5  # how often a look the server holds looks at the evaluation's stop
+SERVER_ERRORS_WAITED = 3  # 500 answers in a row a wait takes for an overloaded server before it gives up
 
 
 @contextmanager
 def one_try_client(timeout_s: float) -> Iterator[SyncPrefectClient]:
     """A Prefect client whose every call is one request of at most ``timeout_s`` a phase (connect, read, write): its
-    own retries are off, and its connection pool's (it tries a refused connection 3 times). Its caller decides what to
-    do when the server does not answer. It may still sleep as long as a 408/429/502/503 answer's Retry-After asks: a
-    caller that must not wait calls it through answered_within."""
+    own retries are off, and its connection pool's (it tries a refused connection 3 times), and a busy answer
+    (BUSY_STATUSES) is raised as it comes (raise_busy): Prefect's client slept its Retry-After even with its retries
+    off, and resent one marked Prefect-Maintenance every second without end. Its caller decides what to do when the
+    server does not answer; one that must not wait calls it through answered_within (a phase's timeout bounds no
+    request)."""
     with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}), \
-            get_client(httpx_settings={"timeout": timeout_s}, sync_client=True) as client:
+            get_client(httpx_settings={"timeout": timeout_s, "event_hooks": {"response": [raise_busy]}},
+                       sync_client=True) as client:
         no_connect_retries(client)
         yield client
+
+
+def raise_busy(response: Any) -> None:
+    """An httpx response hook: a busy answer (BUSY_STATUSES) raised at once, before Prefect's client reads it as one
+    to sleep on and send again (its PrefectHttpxSyncClient._send_with_retry)."""
+    import httpx
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    if response.status_code in BUSY_STATUSES:
+        try:
+            response.raise_for_status()
+        except httpx.HTTPStatusError as exc:
+            raise PrefectHTTPStatusError.from_httpx_error(exc) from None
 
 
 def no_connect_retries(client: SyncPrefectClient) -> None:
@@ -882,37 +900,48 @@ class NoAnswer(Exception):
     """A call to the Prefect server that did not end within its deadline (answered_within); it may go on alone."""
 
 
+class InFlight(Generic[T]):
+    """A call to the Prefect server on a thread of its own (a daemon: one never answered is left to itself), so that
+    its caller can wait for its answer a while at a time (answer) and choose what to do meanwhile."""
+
+    def __init__(self, call: Callable[[], T]) -> None:
+        self.answers: list[T] = []
+        self.failures: list[BaseException] = []
+        self.done = threading.Event()
+
+        def run() -> None:
+            try:
+                self.answers.append(call())
+            except BaseException as exc:
+                self.failures.append(exc)
+            finally:
+                self.done.set()
+
+        threading.Thread(target=copy_context().run, args=(run,), daemon=True, name="prefect-call").start()
+
+    def answer(self, deadline_s: float, stoppable: bool = False) -> T:
+        """The call's answer (or its exception), waited for ``deadline_s`` at most, else NoAnswer (the call goes on,
+        and may be waited on again). ``stoppable``: the evaluation's stop ends the wait too (NoAnswer), looked at
+        every STOP_LOOK_S, so that the caller sees the stop at once."""
+        # slices of the deadline, not the clock: a wait that reads no clock holds whatever the clock does
+        slices = max(1, int(deadline_s / STOP_LOOK_S)) if stoppable else 1
+        for _ in range(slices):
+            if self.done.wait(deadline_s / slices):
+                break
+            if stoppable and stop_requested():
+                raise NoAnswer("the evaluation is stopping")
+        else:
+            raise NoAnswer(f"no answer within {deadline_s:.0f} s")
+        if self.failures:
+            raise self.failures[0]
+        return self.answers[0]
+
+
 def answered_within(call: Callable[[], T], deadline_s: float, stoppable: bool = False) -> T:
     """``call``'s answer (or its exception), from a thread of its own, waited for ``deadline_s`` at most, else
-    NoAnswer: a client's timeouts bound each phase of a request, not the request, and Prefect's sleeps as long as a
-    429/503 answer's Retry-After asks, so only a thread bounds a call whatever the client does. A call not answered
-    goes on alone (a daemon thread), its answer dropped. ``stoppable``: the evaluation's stop ends the wait too
-    (NoAnswer), looked at every STOP_LOOK_S, so that the caller sees the stop at once."""
-    answer: list[T] = []
-    failure: list[BaseException] = []
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            answer.append(call())
-        except BaseException as exc:
-            failure.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=copy_context().run, args=(run,), daemon=True, name="prefect-call").start()
-    # slices of the deadline, not the clock: a wait that reads no clock holds whatever the clock does
-    slices = max(1, int(deadline_s / STOP_LOOK_S)) if stoppable else 1
-    for _ in range(slices):
-        if done.wait(deadline_s / slices):
-            break
-        if stoppable and stop_requested():
-            raise NoAnswer("the evaluation is stopping")
-    else:
-        raise NoAnswer(f"no answer within {deadline_s:.0f} s")
-    if failure:
-        raise failure[0]
-    return answer[0]
+    NoAnswer (InFlight.answer): a client's timeouts bound each phase of a request, not the request, so only a thread
+    bounds a call whatever the client does. A call not answered goes on alone, its answer dropped."""
+    return InFlight(call).answer(deadline_s, stoppable)
 
 
 def wait_for_agent(spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> FlowRun:
@@ -938,23 +967,28 @@ CANCEL_DEADLINE_S = 15.0  # and all the calls for one run together (a timeout's 
 
 def cancel_at_interrupt(spec: HostSpec, flow_run_id: UUID, deployment_name: str,
                         deadline_s: float | None = None) -> None:
-    """cancel_dispatched, bounded: one attempt per call (the client's retries hold a Ctrl-C about a minute per call
-    when the server is down), each at most CANCEL_TIMEOUT_S a phase, all within ``deadline_s`` (CANCEL_DEADLINE_S)
-    whatever the client does. A run it could not cancel is noted for the evaluation's one warning line
-    (say_uncancelled, once its hosts' threads have ended), or said alone outside one: it may still run, or start
-    later, on its host."""
+    """Cancel a run dispatched to a host's worker, the evaluation being interrupted (settle_dispatched), and say so;
+    bounded: one attempt per call (the client's retries hold a Ctrl-C about a minute per call when the server is
+    down), each at most CANCEL_TIMEOUT_S a phase, all within ``deadline_s`` (CANCEL_DEADLINE_S) whatever the client
+    does. A run it could not cancel is noted for the evaluation's one warning line (say_uncancelled, once its hosts'
+    threads have ended), or said alone outside one: it may still run, or start later, on its host. A cancel answered
+    past its deadline is not said (the run was said uncancelled)."""
 
-    def cancel() -> None:
+    def cancel() -> FlowRun | None:
         with one_try_client(CANCEL_TIMEOUT_S) as client:
-            cancel_dispatched(client, spec, flow_run_id, deployment_name)
+            return settle_dispatched(client, flow_run_id, "the evaluation that dispatched it was interrupted")
 
     try:
-        answered_within(cancel, CANCEL_DEADLINE_S if deadline_s is None else deadline_s)
+        ended = answered_within(cancel, CANCEL_DEADLINE_S if deadline_s is None else deadline_s)
     except Exception as exc:
         unstopped = Unstopped(spec.name, f"{deployment_name} run {flow_run_id}", str(flow_run_id), no_answer(exc))
         threads = HOST_THREADS.get()
         if threads is None or not threads.note_unstopped(unstopped):
             say_uncancelled([unstopped])
+        return
+    if ended is None:
+        round_logger().warning("cancelling %s run %s on host %s: the evaluation was interrupted", deployment_name,
+                               flow_run_id, spec.name)
 
 
 def no_answer(exc: BaseException) -> str:
@@ -981,25 +1015,29 @@ def say_uncancelled(runs: list[Unstopped]) -> None:
         "; ".join(f"{run.host}: {run.what}" for run in sorted(runs)))
 
 
-def cancel_dispatched(client: SyncPrefectClient, spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> None:
-    """Cancel a run dispatched to a host's worker, the evaluation being interrupted (settle_dispatched), and say so."""
-    if settle_dispatched(client, flow_run_id, "the evaluation that dispatched it was interrupted") is None:
-        round_logger().warning("cancelling %s run %s on host %s: the evaluation was interrupted", deployment_name,
-                               flow_run_id, spec.name)
+class NotCancelled(Exception):
+    """The Prefect server refused to cancel a dispatched run that has not ended (settle_dispatched)."""
 
 
 def settle_dispatched(client: SyncPrefectClient, flow_run_id: UUID, why: str) -> FlowRun | None:
-    """Cancel a dispatched run, as it is now (read first: the caller's last look may be old): Cancelled when no
-    worker picked it up yet, Cancelling when it runs (its worker then ends the process). One that has ended is left
-    as it ended and returned; None once it was cancelled."""
+    """Cancel a dispatched run as `prefect flow-run cancel` does: Cancelling, unforced, on which the server makes one
+    that no worker took (no process) Cancelled at once, refuses the run's own move to Running, and a worker ends a
+    process it started (a forced Cancelled let a run a worker had taken go on Running, unseen). Read first (the
+    caller's last look may be old): a run that has ended, or ends before the proposal (the server refuses it then),
+    is left as it ended and returned; None once it is cancelled (or cancelling); NotCancelled where the server
+    refuses a run that has not ended."""
+    from prefect.client.schemas.responses import SetStateStatus
+
     run = client.read_flow_run(flow_run_id)
-    if run.state is not None and run.state.is_final():  # ended already: a forced Cancelling would relabel its outcome
+    if run.state is not None and run.state.is_final():  # ended already: left as it ended
         return run
-    waiting = run.state is None or run.state.is_scheduled() or run.state.is_pending()
-    # Cancelling unforced: the server refuses it on a run that ended since it was read (it would relabel its outcome)
-    client.set_flow_run_state(flow_run_id, Cancelled(message=why) if waiting else Cancelling(message=why),
-                              force=waiting)
-    return None
+    result = client.set_flow_run_state(flow_run_id, Cancelling(message=why))
+    if result.status == SetStateStatus.ACCEPT or (result.state is not None and result.state.is_cancelled()):
+        return None  # Cancelling, or Cancelled where no process was started (the server's own choice)
+    run = client.read_flow_run(flow_run_id)
+    if run.state is not None and run.state.is_final():  # it ended between the read and the proposal
+        return run
+    raise NotCancelled(f"the Prefect server refused: {result.details.reason or result.status.value}")
 
 
 def server_unreachable() -> tuple[type[BaseException], ...]:
@@ -1011,30 +1049,43 @@ def server_unreachable() -> tuple[type[BaseException], ...]:
 
 
 # Answers that are no word on the run: the server (or a proxy before it) is restarting or overloaded, as Prefect's
-# client reads them (it retries these); a 500 is the server's own failure, which asking again does not mend.
+# client reads them (it retries these). A 500 is the server's own failure, often an overload too (its database's
+# connection pool timing out): SERVER_ERRORS_WAITED of them in a row are waited on.
 BUSY_STATUSES = (408, 429, 502, 503, 504)
 
 
-def server_busy(exc: BaseException) -> bool:
-    """An answer that is no word on the run (BUSY_STATUSES)."""
+def status_of(exc: BaseException) -> int | None:
+    """The HTTP status of a server's error answer, else None."""
     import httpx
 
-    return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in BUSY_STATUSES
+    return exc.response.status_code if isinstance(exc, httpx.HTTPStatusError) else None
 
 
 def _wait_for_agent(client: SyncPrefectClient, spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> FlowRun:
     assert spec.agent is not None
     started = time.monotonic()
     run: FlowRun | None = None  # as last read
-    silent: str | None = None  # why the last look got no answer; None once one did
+    look: InFlight[FlowRun] | None = None  # the look not answered yet: waited on again rather than sending another
+    silent: str | None = None  # why the last look got no word on the run; None once one did
+    busy = False  # the server answered that last look, but busy: it is no silence
+    server_errors = 0  # 500 answers since the last word on the run
     silent_since = started
     said_silent = False  # the silence was said (SILENCE_SAID_S): its end is said too
     what = f"{deployment_name} run {flow_run_id}"
     while True:
         try:
-            run = answered_within(partial(client.read_flow_run, flow_run_id), POLL_TIMEOUT_S, stoppable=True)
+            if look is None:
+                look = InFlight(partial(client.read_flow_run, flow_run_id))
+            answer = look.answer(POLL_TIMEOUT_S, stoppable=True)
+            look = None
+            run = answer
         except Exception as exc:
-            if not isinstance(exc, server_unreachable()) and not server_busy(exc):  # its answer: no run to follow
+            if not isinstance(exc, NoAnswer):
+                look = None  # answered: the next look is a new request
+            status = status_of(exc)
+            server_errors += status == 500
+            if not isinstance(exc, server_unreachable()) and status not in BUSY_STATUSES and not (
+                    status == 500 and server_errors < SERVER_ERRORS_WAITED):  # its answer: no run to follow
                 ended, not_cancelled = give_up(client, flow_run_id, f"the controller could not read it: "
                                                                      f"{error_line(exc)}")
                 if ended is not None:
@@ -1043,27 +1094,29 @@ def _wait_for_agent(client: SyncPrefectClient, spec: HostSpec, flow_run_id: UUID
                                             f"{error_line(exc)}{not_cancelled}") from None
             if silent is None:
                 silent_since = time.monotonic()
-            silent = no_answer(exc)
+            silent, busy = no_answer(exc), status is not None
         else:
             if said_silent:
                 round_logger().info("host %s: the Prefect server answers again after %.0f s; %s is %s", spec.name,
                                     time.monotonic() - silent_since, what,
                                     run.state.name if run.state is not None else "without a state")
-            silent, said_silent = None, False
+            silent, said_silent, server_errors = None, False, 0
         waiting = run is None or run.state is None or run.state.is_scheduled() or run.state.is_pending()
         if run is not None and run.state is not None and run.state.is_final():  # read by the last look
             return run
         if stop_requested():
             raise RoundsStopped(f"the run is stopping: host {spec.name}'s {deployment_name} run is cancelled")
         now = time.monotonic()
+        silence = "has answered only busy" if busy else "has not answered"
         if silent is not None and not said_silent and now - silent_since >= SILENCE_SAID_S:
-            round_logger().warning("host %s: the Prefect server has not answered for %.0f s (%s); the controller "
-                                   "looks at %s again every %.0f s until agent.%s = %.0f s", spec.name,
-                                   now - silent_since, silent, what, AGENT_POLL_S,
+            round_logger().warning("host %s: the Prefect server %s for %.0f s (%s); the controller looks at %s again, "
+                                   "one request at a time, each waited for %.0f s at most and %.0f s after the last, "
+                                   "until agent.%s = %.0f s", spec.name, silence, now - silent_since, silent, what,
+                                   POLL_TIMEOUT_S, AGENT_POLL_S,
                                    *(("start_timeout_s", spec.agent.start_timeout_s) if waiting
                                      else ("timeout_s", spec.agent.timeout_s)))
             said_silent = True
-        unanswered = (f"; the Prefect server has not answered for {now - silent_since:.0f} s ({silent})"
+        unanswered = (f"; the Prefect server {silence} for {now - silent_since:.0f} s ({silent})"
                       if silent is not None else "")
         if waiting and now - started > spec.agent.start_timeout_s:
             ended, not_cancelled = give_up(client, flow_run_id, "no worker picked it up")

@@ -53,7 +53,7 @@ from flagperf.config.night import (
     verdict_file_name,
 )
 from flagperf.config.plan import PLAN_FILE, read_plan
-from flagperf.errors import EXIT_UNSUPPORTED, EXIT_USER_ERROR, ConfigError, FlagperfError
+from flagperf.errors import EXIT_UNSUPPORTED, EXIT_USER_ERROR, ConfigError, FlagperfError, redact_userinfo
 from flagperf.paths import TREND_FILE, outermost_missing, remove_made, run_id_problem
 from flagperf.results.history import (
     Verdict,
@@ -135,7 +135,8 @@ def publish_night(results_dir: str, suite: str, run_dir: Path, state: State, ver
     """The night's verdict as a file (nightly-<suite>.json in the results folder, the latest night, and in the
     run folder) and every figure's course (trends.csv): what a lab reads without the UI. Returns ``state``."""
     _write_night(results_dir, suite, run_dir, {
-        "state": state.name, "exit_code": exit_code(state), "message": state.message,
+        "state": state.name, "exit_code": exit_code(state),
+        "message": redact_userinfo(state.message) if state.message else state.message,
         "regressions": [v.line() for v in verdicts if v.status == "regression"],
         "verdicts": [asdict(v) for v in verdicts]}, history)
     return state
@@ -405,6 +406,7 @@ def nightly_regression(
         return failed(in_form_terms(state.message or ""))
 
     def night_failed(reason: str, vendor_name: str | None) -> State:
+        reason = redact_userinfo(reason)  # it quotes the evaluation's state, which may name a URL's password
         record_failure(run_id, reason, suite, vendor_name, history, results_dir)
         return publish_night(results_dir, suite, run_dir, failed(reason), [], history)
 

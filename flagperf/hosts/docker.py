@@ -711,8 +711,11 @@ class DockerRuntime(Runtime):
         said = ""
         ref = container.id if container is not None else name
         for fresh in (False, True) if container is not None else (True,):
+            client = None
             try:
-                (self.client_factory().containers.get(ref) if fresh else container).remove(force=True)
+                if fresh:
+                    client = self.client_factory()  # a new link (an SSH engine's: a connection), closed below
+                (client.containers.get(ref) if client is not None else container).remove(force=True)
                 return True
             except docker.errors.NotFound:  # gone, or never made
                 return True
@@ -724,6 +727,10 @@ class DockerRuntime(Runtime):
                     break
             except (docker.errors.DockerException, *link_errors()) as exc:
                 said = error_line(exc)
+            finally:
+                if client is not None:
+                    with contextlib.suppress(Exception):  # closing a link that dropped: nothing to keep
+                        client.close()
         logger.warning("could not remove container %s on %s (%s): it may still run there",
                        container.short_id if container is not None else name, host.name, said)
         return False

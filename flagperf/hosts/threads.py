@@ -48,7 +48,7 @@ class CaseStopped(RoundsStopped):
         kept: list[str] = []
         size = 0
         for line in reversed(self.lines[-STOPPED_TAIL_LINES:]):
-            encoded = line.encode("utf-8", "surrogateescape")
+            encoded = line.encode("utf-8", "replace")  # any str: a lone surrogate counts as a "?"
             if size + len(encoded) > STOPPED_TAIL_BYTES:
                 if not kept:  # its end, cut on a character's boundary
                     kept.append(encoded[-STOPPED_TAIL_BYTES:].decode("utf-8", "ignore"))

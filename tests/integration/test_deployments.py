@@ -502,15 +502,16 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
         client.delete_work_pool("flagperf-other")  # the tests that follow make theirs
 
 
-@pytest.mark.parametrize("picked_up", [False, True], ids=["waiting", "running"])
-def test_an_interrupted_evaluation_cancels_the_host_rounds_it_dispatched(picked_up: bool) -> None:
+@pytest.mark.parametrize("picked_up", [None, "Pending", "Running"], ids=["waiting", "pending", "running"])
+def test_an_interrupted_evaluation_cancels_the_host_rounds_it_dispatched(picked_up: str | None) -> None:
     """Ctrl-C (or a cancelled evaluation) while a host's worker has, or has not yet picked up, a run the evaluation
-    dispatched: the thread waiting on it cancels it (Cancelled when still waiting; Cancelling when running, on which
-    its worker ends it) instead of leaving it to run, or start later, unobserved."""
+    dispatched: the thread waiting on it cancels it (Cancelled when still waiting, by the server itself; Cancelling
+    once a worker took it, on which its worker ends it, and from which the server lets it go to no Running: a forced
+    Cancelled let a Pending run's process go on Running) instead of leaving it to run, or start later, unobserved."""
     import threading
 
     from prefect import flow
-    from prefect.states import Running, Scheduled
+    from prefect.states import Pending, Running, Scheduled
 
     from flagperf.hosts.inventory import HostSpec
     from flagperf.hosts.threads import HOST_THREADS, HostThreads, RoundsStopped
@@ -523,7 +524,7 @@ def test_an_interrupted_evaluation_cancels_the_host_rounds_it_dispatched(picked_
     with get_client(sync_client=True) as client:
         run = client.create_flow_run(dispatched_round, state=Scheduled())
         if picked_up:
-            client.set_flow_run_state(run.id, Running(), force=True)
+            client.set_flow_run_state(run.id, Pending() if picked_up == "Pending" else Running(), force=True)
     threads = HostThreads()
     outcome: list[BaseException | None] = []
 
@@ -549,7 +550,13 @@ def test_an_interrupted_evaluation_cancels_the_host_rounds_it_dispatched(picked_
     with get_client(sync_client=True) as client:
         state = client.read_flow_run(run.id).state
     assert state is not None and state.type.value == ("CANCELLING" if picked_up else "CANCELLED"), state
-    assert "interrupted" in (state.message or "")
+    if picked_up:  # the server made a run no worker took Cancelled itself, with no message of the proposal's
+        assert "interrupted" in (state.message or "")
+    if picked_up == "Pending":  # its process, started late, is refused the run: it cannot go on unseen
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(run.id, Running())
+            state = client.read_flow_run(run.id).state
+        assert state is not None and state.type.value == "CANCELLING", state
 
 
 def test_an_interrupt_does_not_cancel_a_dispatched_run_that_ended() -> None:
@@ -558,48 +565,48 @@ def test_an_interrupt_does_not_cancel_a_dispatched_run_that_ended() -> None:
     from prefect import flow
     from prefect.states import Completed, Scheduled
 
-    from flagperf.hosts.inventory import HostSpec
-    from flows.evaluate import cancel_dispatched
+    from flows.evaluate import settle_dispatched
 
     @flow(name="dispatched-round")
     def dispatched_round() -> None: ...
 
-    spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {}})
     with get_client(sync_client=True) as client:
         run = client.create_flow_run(dispatched_round, state=Scheduled())
         client.set_flow_run_state(run.id, Completed(message="measured"), force=True)
-        cancel_dispatched(client, spec, run.id, "host-round/host-round")
+        assert settle_dispatched(client, run.id, "interrupted").state.is_completed()  # type: ignore[union-attr]
         state = client.read_flow_run(run.id).state
     assert state is not None and state.is_completed() and state.message == "measured", state
 
 
 def test_an_interrupt_does_not_cancel_a_dispatched_run_that_ended_after_it_was_read() -> None:
-    """The run ends between cancel_dispatched's read (running) and its Cancelling: the server refuses the
+    """The run ends between settle_dispatched's read (running) and its Cancelling: the server refuses the
     transition, and the run keeps its final state."""
     from prefect import flow
     from prefect.states import Completed, Running, Scheduled
 
-    from flagperf.hosts.inventory import HostSpec
-    from flows.evaluate import cancel_dispatched
+    from flows.evaluate import settle_dispatched
 
     @flow(name="dispatched-round")
     def dispatched_round() -> None: ...
 
-    spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {}})
     with get_client(sync_client=True) as client:
         run = client.create_flow_run(dispatched_round, state=Scheduled())
         client.set_flow_run_state(run.id, Running(), force=True)
-        seen = client.read_flow_run(run.id)  # what cancel_dispatched reads: still running
+        seen = client.read_flow_run(run.id)  # what settle_dispatched reads: still running
         client.set_flow_run_state(run.id, Completed(message="measured"), force=True)  # then it ends
 
         class ReadBeforeTheEnd:
             def __getattr__(self, name: str) -> object:
                 return getattr(client, name)
 
-            def read_flow_run(self, flow_run_id: object) -> object:
-                return seen
+            reads = 0
 
-        cancel_dispatched(ReadBeforeTheEnd(), spec, run.id, "host-round/host-round")  # type: ignore[arg-type]
+            def read_flow_run(self, flow_run_id: object) -> object:  # the first read, before the end
+                self.reads += 1
+                return seen if self.reads == 1 else client.read_flow_run(flow_run_id)
+
+        ended = settle_dispatched(ReadBeforeTheEnd(), run.id, "interrupted")  # type: ignore[arg-type]
+        assert ended is not None and ended.state is not None and ended.state.is_completed(), ended  # not cancelled
         state = client.read_flow_run(run.id).state
     assert state is not None and state.is_completed() and state.message == "measured", state
 

@@ -91,3 +91,35 @@ def test_printable_escapes_what_breaks_or_reorders_a_line_and_a_backslash_and_ke
     assert one_line(f"{printable('a' + chr(92) + 'n')} gone") == "a\\\\n gone"
     assert str(ConfigError("x.yaml", None, f"{printable('/d/a' + chr(10) + 'b')} is missing")) == \
         "x.yaml: /d/a\\nb is missing"
+
+
+SECRET_URL = "http://flagperf:s3cret-word@127.0.0.1:4200/api/flow_runs/x"
+
+
+def test_a_urls_user_and_password_are_masked_and_nothing_else() -> None:
+    """PREFECT_API_URL may hold a user and password, and clients' messages name the whole URL: masked wherever a
+    message from elsewhere goes on into results and logs; a URL without them, and an @ after its host, left alone."""
+    from flagperf.errors import redact_userinfo
+
+    assert redact_userinfo(f"500 for url '{SECRET_URL}'; again https://u%40x:p@h/") == (
+        "500 for url 'http://***@127.0.0.1:4200/api/flow_runs/x'; again https://***@h/")
+    assert redact_userinfo("http://h:4200/api?by=me@lab mail me@lab") == "http://h:4200/api?by=me@lab mail me@lab"
+
+
+def test_an_error_line_never_names_a_urls_password() -> None:
+    """An HTTP error named in one line: an httpx one (and Prefect's ObjectNotFound, which wraps one and said "None")
+    by its status and reason; any other (requests' HTTPError, whose message ends with the URL) with the URL's user
+    and password masked."""
+    import httpx
+    import requests
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    from flagperf.errors import error_line
+
+    request = httpx.Request("GET", SECRET_URL)
+    errors = {status: httpx.HTTPStatusError("failed", request=request, response=httpx.Response(status, request=request))
+              for status in (404, 409)}
+    assert error_line(ObjectNotFound(http_exc=errors[404])) == "ObjectNotFound: 404 Not Found"
+    assert error_line(ObjectAlreadyExists(http_exc=errors[409])) == "ObjectAlreadyExists: 409 Conflict"
+    assert error_line(requests.HTTPError(f"500 Server Error: Internal Server Error for url: {SECRET_URL}")) == (
+        "HTTPError: 500 Server Error: Internal Server Error for url: http://***@127.0.0.1:4200/api/flow_runs/x")

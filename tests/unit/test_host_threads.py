@@ -621,6 +621,10 @@ def test_a_stopped_cases_kept_tail_is_bounded_in_bytes_too() -> None:
     one = CaseStopped("the run is stopping", -9, ["x", "y" * 10 + "\u00e9" * STOPPED_TAIL_BYTES], logged=True)
     one.keep_tail()
     assert one.lines == ["\u00e9" * (STOPPED_TAIL_BYTES // 2)]
+    # a lone surrogate (a line decoded from bytes that were no UTF-8 by other means than surrogateescape) is no error
+    odd = CaseStopped("the run is stopping", -9, ["x", "\ud800 point 1 sent"], logged=True)
+    odd.keep_tail()
+    assert odd.lines == ["x", "\ud800 point 1 sent"]
 
 
 def test_a_stopped_case_whose_case_log_was_not_written_keeps_its_whole_log_in_its_state() -> None:
@@ -687,9 +691,10 @@ def test_a_link_lost_as_a_container_is_created_or_started_fails_the_round_in_one
         assert client.asked == client.created and client.created[0].startswith("flagperf-"), client.asked
 
 
-def lost_round_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: EngineContainer, client: Any) -> str:
-    """The failure line of a docker round on host "a" whose engine is ``client`` (its new links too), which loses
-    it."""
+def lost_round_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: EngineContainer, client: Any,
+                    factory: Any = None) -> str:
+    """The failure line of a docker round on host "a" whose engine is ``client`` (its new links too; or each one
+    ``factory`` makes), which loses it."""
     from flagperf.config.job import Job
     from flagperf.config.plan import plan_run
     from flagperf.errors import InfrastructureFailure
@@ -698,7 +703,7 @@ def lost_round_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: Eng
     monkeypatch.setattr(container_module, "get_run_logger", lambda: logging.getLogger("test"))  # no task run around
     host = LocalHost(name="a", work_root=tmp_path / "a")
     runtime = docker_runtime(host.work_root, engine)
-    runtime.client_factory = lambda: client
+    runtime.client_factory = factory or (lambda: client)
     plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
     case = plan.cases[0]
     job = Job(run_id=plan.run_id, case=case.name, family=case.family, round=1, host="a", vendor="cpu",
@@ -725,11 +730,24 @@ def test_a_container_whose_create_answer_was_lost_is_looked_for_by_name_and_said
                 raise docker.errors.NotFound(f"No such container: {container_id}")
             raise requests.exceptions.ConnectionError("Connection refused")
 
-    line = lost_round_line(tmp_path, monkeypatch, EngineContainer(), Unmade(EngineContainer()))
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    links: list[Unmade] = []
+
+    def new_link() -> Unmade:
+        links.append(Unmade(EngineContainer()))
+        return links[-1]
+
+    line = lost_round_line(tmp_path, monkeypatch, EngineContainer(), None, new_link)
     assert line.startswith("computation-FP32 round 1 on a: lost, not failed: the link to a's container engine "
                            "dropped while creating container flagperf-"), line
     left = "may have been created and could not be removed from a's engine"
     assert (left in line) == (engine_has == "no-link"), line
+    # the round's own link, then the removal's new one, closed (an SSH engine's link is a connection of its own)
+    assert len(links) >= 2 and links[1].closed, [link.closed for link in links]
 
 
 def test_a_case_stopped_survives_pickling_and_deep_copy() -> None:
@@ -960,18 +978,28 @@ def test_a_server_that_answers_again_is_said_once_and_the_wait_goes_on(
                           f"{run_id} is Running"), said
 
 
-@pytest.mark.parametrize("now", ["scheduled", "pending", "running", "completed"])
+def orchestration(status: str, state: Any) -> Any:
+    """The Prefect server's answer to a proposed state: ``status`` (ACCEPT, REJECT, ABORT), the run then ``state``."""
+    from prefect.client.schemas.responses import OrchestrationResult, SetStateStatus, StateRejectDetails
+
+    return OrchestrationResult(state=state, status=SetStateStatus(status), details=StateRejectDetails(reason="said"))
+
+
+@pytest.mark.parametrize("now", ["scheduled", "pending", "running", "completed", "ends-before-the-proposal",
+                                 "refused"])
 def test_a_timeout_cancels_the_run_as_it_is_now_not_as_last_seen(
         now: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """agent.start_timeout_s passes with a host's run last seen waiting: the run is read again first. Still waiting
-    (scheduled, pending): Cancelled, forced; picked up since (running): Cancelling, not forced, on which its worker
-    ends the process (a forced Cancelled left it running); ended since: left as it ended, and the wait ends with it
-    (a forced Cancelled relabelled its outcome)."""
+    """agent.start_timeout_s passes with a host's run last seen waiting: the run is read again first. Not ended: it is
+    proposed Cancelling, never forced, as `prefect flow-run cancel` does: the server makes one no worker took
+    Cancelled itself (a REJECT into Cancelled), and a worker ends a process it started (a forced Cancelled on a
+    Pending run let its process go on Running, unseen). Ended since, or between the read and the proposal (the server
+    refused it: ABORT): left as it ended, and the wait ends with it (it counted as cancelled, and the host failed). A
+    refusal on a run that goes on is said in the host's line: it may still run."""
     import types
     import uuid
 
     from prefect.client.schemas.objects import FlowRun
-    from prefect.states import Completed, Pending, Running, Scheduled
+    from prefect.states import Cancelled, Cancelling, Completed, Pending, Running, Scheduled
 
     from flagperf.errors import InfrastructureFailure
     from flows import evaluate
@@ -980,19 +1008,30 @@ def test_a_timeout_cancels_the_run_as_it_is_now_not_as_last_seen(
     monkeypatch.setattr(evaluate, "time", clock)
     run_id = uuid.uuid4()
     spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {"start_timeout_s": 100}})
-    seen = [FlowRun(id=run_id, name="quiet-fox", flow_id=uuid.uuid4(), state=state)
-            for state in (Scheduled(), {"scheduled": Scheduled(), "pending": Pending(), "running": Running(),
-                                        "completed": Completed()}[now])]
-    # looks at 20 s ... 120 s see it waiting; the timeout's read finds it as it is now
-    client = ReadsCounted(types.SimpleNamespace(set_flow_run_state=lambda *args, **options: None), clock,
-                          [seen[0]] * 6 + [seen[1]])
-    if now == "completed":
-        assert evaluate._wait_for_agent(client, spec, run_id, "host-round/host-round") is seen[1]  # type: ignore
-        assert client.set_states == []
+
+    def seen(state: Any) -> FlowRun:
+        return FlowRun(id=run_id, name="quiet-fox", flow_id=uuid.uuid4(), state=state)
+
+    as_read, answer, read_again = {
+        "scheduled": (Scheduled(), orchestration("REJECT", Cancelled()), None),
+        "pending": (Pending(), orchestration("ACCEPT", Cancelling()), None),
+        "running": (Running(), orchestration("ACCEPT", Cancelling()), None),
+        "completed": (Completed(), None, None),
+        "ends-before-the-proposal": (Running(), orchestration("ABORT", None), Completed()),
+        "refused": (Running(), orchestration("REJECT", Running()), Running())}[now]
+    # looks at 20 s ... 120 s see it waiting; the timeout's read finds it as it is now (and, refused, again)
+    client = ReadsCounted(types.SimpleNamespace(set_flow_run_state=lambda *args, **options: answer), clock,
+                          [seen(Scheduled())] * 6 + [seen(as_read)] + ([seen(read_again)] if read_again else []))
+    if now in ("completed", "ends-before-the-proposal"):
+        ended = evaluate._wait_for_agent(client, spec, run_id, "host-round/host-round")  # type: ignore[arg-type]
+        assert ended.state is not None and ended.state.is_completed(), ended
+        assert client.set_states == ([] if now == "completed" else [("Cancelling", False)])
         return
-    with pytest.raises(InfrastructureFailure, match="no worker on work queue host-far picked up"):
+    with pytest.raises(InfrastructureFailure, match="no worker on work queue host-far picked up") as failed:
         evaluate._wait_for_agent(client, spec, run_id, "host-round/host-round")  # type: ignore[arg-type]
-    assert client.set_states == ([("Cancelling", False)] if now == "running" else [("Cancelled", True)])
+    assert client.set_states == [("Cancelling", False)]
+    assert ("could not be cancelled (NotCancelled: the Prefect server refused: said)" in str(failed.value)) == (
+        now == "refused"), failed.value
 
 
 def test_a_look_at_a_dispatched_run_tries_a_refused_connection_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1056,17 +1095,43 @@ def answering_server(status: int, headers: dict[str, str], on_request: Any = Non
         server.server_close()
 
 
-def test_a_stop_while_the_server_asks_to_be_asked_again_in_an_hour_ends_the_wait_at_once(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """The Prefect server answers every request 503 with Retry-After: 3600, and the evaluation stops during the first
-    look at a host's run: the wait ends (RoundsStopped), and its cancel is given up at its deadline and said; Prefect's
-    client, even with its retries off, slept the hour inside that one look, and the stop with it."""
+MAINTENANCE = {"Retry-After": "3600", "Prefect-Maintenance": "true"}  # sleep an hour, then ask again, not counted
+
+
+@pytest.mark.parametrize("headers", [{"Retry-After": "3600"}, MAINTENANCE], ids=["retry-after", "maintenance"])
+@pytest.mark.parametrize("status", [503, 429])
+def test_a_busy_answer_is_one_request_raised_as_it_comes(status: int, headers: dict[str, str]) -> None:
+    """The client a dispatched run's wait uses raises a busy answer at once, after one request: Prefect's, even with
+    its retries off, slept an answer's Retry-After (an hour here) on the caller's thread, and sent one marked
+    Prefect-Maintenance again every second without end (each look abandoned so kept a thread and its requests)."""
+    import uuid
+
+    import httpx
+
+    from flows import evaluate
+
+    run_id = uuid.uuid4()
+
+    def read() -> None:
+        with evaluate.one_try_client(evaluate.POLL_TIMEOUT_S) as client:
+            client.read_flow_run(run_id)
+
+    with answering_server(status, headers) as asked, pytest.raises(httpx.HTTPStatusError) as raised:
+        evaluate.answered_within(read, DEADLINE_S)  # a guard against the hour's sleep, not a timing assumption
+    assert raised.value.response.status_code == status
+    assert asked == [f"/api/flow_runs/{run_id}"], asked
+
+
+def test_a_stop_while_the_server_is_under_maintenance_ends_the_wait_and_says_the_uncancelled_run(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The Prefect server answers every request 503, under maintenance, asking to be asked again in an hour, and the
+    evaluation stops during the first look at a host's run: the wait ends (RoundsStopped) after that one request, and
+    its cancel, answered busy too, is said with the server's answer."""
     import uuid
     from contextvars import copy_context
 
     from flows import evaluate
 
-    monkeypatch.setattr(evaluate, "CANCEL_DEADLINE_S", 0.5)  # the cancel is held an hour too: given up sooner here
     spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {}})
     run_id = uuid.uuid4()
     threads = HostThreads()
@@ -1080,7 +1145,7 @@ def test_a_stop_while_the_server_asks_to_be_asked_again_in_an_hour_ends_the_wait
             ended.append(exc)
 
     try:
-        with answering_server(503, {"Retry-After": "3600"}, lambda asked: asked == 1 and threads.stop()) as asked, \
+        with answering_server(503, MAINTENANCE, lambda asked: asked == 1 and threads.stop()) as asked, \
                 caplog.at_level(logging.WARNING):
             waiter = threading.Thread(target=copy_context().run, args=(wait,), daemon=True)
             waiter.start()
@@ -1090,17 +1155,85 @@ def test_a_stop_while_the_server_asks_to_be_asked_again_in_an_hour_ends_the_wait
     finally:
         HOST_THREADS.reset(token)
     assert len(ended) == 1 and isinstance(ended[0], RoundsStopped), ended
-    assert asked[0] == f"/api/flow_runs/{run_id}" and len(asked) == 2, asked  # the look, then the cancel's read
+    assert asked == [f"/api/flow_runs/{run_id}"] * 2, asked  # the look, then the cancel's read: each answered once
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and warnings[0].startswith(
-        f"could not cancel host-round/host-round run {run_id} on host far (no answer within"), warnings
+        f"could not cancel host-round/host-round run {run_id} on host far (PrefectHTTPStatusError: 503 Service "
+        "Unavailable)"), warnings
+
+
+def test_a_look_the_server_holds_is_waited_on_again_not_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Prefect server holds a look at a host's run past POLL_TIMEOUT_S, look after look: the wait waits on that
+    same request again instead of sending another (each unanswered look kept a thread and a request of its own), and
+    takes its answer once it comes."""
+    import types
+    import uuid
+
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.states import Completed
+
+    from flows import evaluate
+
+    run_id = uuid.uuid4()
+    done = FlowRun(id=run_id, name="quiet-fox", flow_id=uuid.uuid4(), state=Completed())
+    answered = threading.Event()
+    reads: list[object] = []
+    sleeps: list[float] = []
+
+    def read_flow_run(flow_run_id: object) -> FlowRun:
+        reads.append(flow_run_id)
+        assert answered.wait(DEADLINE_S)  # a guard against a hang, not a timing assumption
+        return done
+
+    def sleep(seconds: float) -> None:  # the wait's pause between looks: the fifth lets the server answer
+        sleeps.append(seconds)
+        if len(sleeps) == 5:
+            answered.set()
+
+    monkeypatch.setattr(evaluate, "POLL_TIMEOUT_S", 0.01)
+    monkeypatch.setattr(evaluate, "time", types.SimpleNamespace(monotonic=lambda: 0.0, sleep=sleep))
+    spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {}})
+    client = types.SimpleNamespace(read_flow_run=read_flow_run)
+    assert evaluate._wait_for_agent(client, spec, run_id, "host-round/host-round") is done  # type: ignore[arg-type]
+    assert len(sleeps) >= 5 and reads == [run_id], reads
+
+
+def server_error(status: int) -> BaseException:
+    """The error Prefect's client raises for a ``status`` answer."""
+    import httpx
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    request = httpx.Request("GET", "http://127.0.0.1/api/flow_runs/x")
+    return PrefectHTTPStatusError.from_httpx_error(httpx.HTTPStatusError(
+        "failed", request=request, response=httpx.Response(status, request=request)))
+
+
+def test_server_errors_fewer_than_the_limit_in_a_row_are_waited_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Prefect server answers a few looks at a host's run 500 (an overload: its database's connection pool timed
+    out), then answers: the wait goes on to the run's end (one 500 cancelled a healthy round)."""
+    import uuid
+
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.states import Completed, Running
+
+    from flows import evaluate
+
+    clock = LookClock(step_s=1)
+    monkeypatch.setattr(evaluate, "time", clock)
+    run_id = uuid.uuid4()
+    spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {}})
+    running, done = (FlowRun(id=run_id, name="quiet-fox", flow_id=uuid.uuid4(), state=state)
+                     for state in (Running(), Completed()))
+    errors = [server_error(500)] * (evaluate.SERVER_ERRORS_WAITED - 1)
+    client = ReadsCounted(object(), clock, [*errors, running, *errors, done])
+    assert evaluate._wait_for_agent(client, spec, run_id, "host-round/host-round") is done  # type: ignore[arg-type]
 
 
 def test_a_server_error_on_a_look_fails_the_host_in_one_line_without_the_apis_credentials(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Prefect server answers a look at a host's run 500 (its own failure, which asking again does not mend; it
-    was taken for busy and asked again up to agent.timeout_s): the host fails at once in one line with the status,
-    not the URL, which held PREFECT_API_URL's user and password."""
+    """The Prefect server answers looks at a host's run 500, SERVER_ERRORS_WAITED in a row (its own failure, no
+    overload that passes): the host fails then in one line with the status, not the URL, which held
+    PREFECT_API_URL's user and password."""
     import uuid
 
     from flagperf.errors import InfrastructureFailure
@@ -1117,7 +1250,7 @@ def test_a_server_error_on_a_look_fails_the_host_in_one_line_without_the_apis_cr
                            "was PrefectHTTPStatusError: 500 Internal Server Error; it could not be cancelled "
                            "(PrefectHTTPStatusError: 500 Internal Server Error)"), line
     assert "s3cret" not in line and "flagperf:" not in line and "\n" not in line, line
-    assert asked == [f"/api/flow_runs/{run_id}"] * 2, asked  # one look, then its cancel's read
+    assert asked == [f"/api/flow_runs/{run_id}"] * (evaluate.SERVER_ERRORS_WAITED + 1), asked  # then the cancel's
 
 
 def test_the_runs_an_interrupt_could_not_cancel_are_named_in_one_line_for_all_hosts(
@@ -1283,3 +1416,53 @@ def test_a_removal_answered_late_counts_once_its_container_no_longer_runs(
     else:
         assert said == ("its containers could not be removed: 1 not ended after 0 s (last: ReadTimeout: "
                         "SSHConnectionPool(host='localhost', port=None): Read timed out.)"), said
+
+
+SECRET_URL = "http://flagperf:s3cret-word@127.0.0.1:4200/api/flow_runs/x"
+
+
+def test_a_host_round_that_failed_on_its_worker_is_recorded_without_the_apis_password(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round's host-round fails on its host's worker, leaving no result: its state's message (Prefect's, naming the
+    client's error whole: its URL with PREFECT_API_URL's user and password) goes into the round's result.json masked."""
+    import json
+
+    from prefect.states import Failed
+
+    from flagperf.config.plan import PLAN_FILE, plan_run
+    from flagperf.results.schema import RESULT_FILE, round_dir
+    from flows import evaluate
+
+    plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
+    run_dir = tmp_path / "results" / "run-a"
+    run_dir.mkdir(parents=True)
+    (run_dir / PLAN_FILE).write_text(plan.model_dump_json())
+    label = f"{plan.cases[0].name} round 1 on far"
+    monkeypatch.setattr(evaluate, "dispatch", lambda *args: Failed(
+        message=f"{label}: Flow run encountered an exception: HTTPStatusError: Server error '500' for url "
+                f"'{SECRET_URL}'\nTraceback ..."))
+    monkeypatch.setattr(evaluate, "get_run_logger", lambda: logging.getLogger("test"))  # no flow run around
+    spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {}})
+    result = evaluate.run_node(spec, {"run_dir": str(run_dir), "case": plan.cases[0].name, "round_no": 1,
+                                      "node_rank": 0, "command": None, "image": None})
+    assert result.failure is not None and "http://***@127.0.0.1:4200/api" in result.failure.message, result.failure
+    written = (round_dir(run_dir, plan.cases[0].name, 1, "far", 0) / RESULT_FILE).read_text()
+    assert "s3cret" not in written and "flagperf:" not in json.loads(written)["failure"]["message"]
+
+
+def test_a_nights_verdict_never_names_the_apis_password(tmp_path: Path) -> None:
+    """A night whose evaluation failed with a client's error naming PREFECT_API_URL whole: its verdict file holds the
+    message with the URL's user and password masked."""
+    import json
+
+    from prefect.states import Failed
+
+    from flows.nightly import publish_night
+
+    results = tmp_path / "results"
+    (results / "run-a").mkdir(parents=True)
+    publish_night(str(results), "tiny", results / "run-a",
+                  Failed(message=f"the evaluation failed: HTTPStatusError for url '{SECRET_URL}'"), [], None)
+    verdict = json.loads((results / "nightly-tiny.json").read_text())
+    assert verdict["message"] == ("the evaluation failed: HTTPStatusError for url "
+                                  "'http://***@127.0.0.1:4200/api/flow_runs/x'")
