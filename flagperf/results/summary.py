@@ -444,13 +444,15 @@ def for_device(monitors: list[MonitorSeries], index: int) -> list[MonitorSeries]
 
 
 def device_uuid(monitors: list[MonitorSeries], index: int | None) -> str | None:
-    """The device's UUID or serial number, where a vendor monitor's header gives it."""
+    """The device's UUID, where a vendor monitor's header gives it. Never its serial number in its place: the
+    diagnosis matches health readings to measured devices by this UUID (a serial would match none, and make every
+    device "not measured"), and GPUs on one board may share a serial."""
     if index is None:
         return None
     for series in monitors:
         for device in series.header.get("devices") or []:
             if isinstance(device, dict) and device.get("index") == index:
-                found = device.get("uuid") or device.get("serial")
+                found = device.get("uuid")
                 if isinstance(found, str) and found:
                     return found
     return None

@@ -7,8 +7,10 @@ healthcheck; tests/gpu reads real GPUs."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import string
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -43,12 +45,14 @@ def _nvml_errors() -> ModuleType:
         return pynvml
     except ImportError:
         pass
-    codes = {"UNINITIALIZED": (1, "Uninitialized"), "NOT_SUPPORTED": (3, "Not Supported"),
+    codes = {"UNINITIALIZED": (1, "Uninitialized"), "INVALID_ARGUMENT": (2, "Invalid Argument"),
+             "NOT_SUPPORTED": (3, "Not Supported"),
              "NO_PERMISSION": (4, "Insufficient Permissions"), "NOT_FOUND": (6, "Not Found"),
              "INSUFFICIENT_POWER": (8, "Insufficient External Power"), "DRIVER_NOT_LOADED": (9, "Driver Not Loaded"),
              "TIMEOUT": (10, "Timeout"), "IRQ_ISSUE": (11, "Interrupt Request Issue"),
              "FUNCTION_NOT_FOUND": (13, "Function Not Found"), "GPU_IS_LOST": (15, "GPU is lost"),
-             "RESET_REQUIRED": (16, "GPU requires restart"), "UNKNOWN": (999, "Unknown Error")}
+             "RESET_REQUIRED": (16, "GPU requires restart"), "GPU_NOT_FOUND": (28, "GPU Not Found"),
+             "UNKNOWN": (999, "Unknown Error")}
     module = ModuleType("nvml_errors")
 
     class NVMLError(Exception):
@@ -96,13 +100,14 @@ def healthy_h100(index: int) -> dict[str, Any]:
 class StandInNvml(ModuleType):
     """``pynvml`` as health.py calls it, over a list of GPUs: each a dict of query name -> answer, an exception
     (raised), or absent (NVML_ERROR_NOT_SUPPORTED); ``open_error``: what nvmlDeviceGetHandleByIndex raises per index.
-    Counts every call by name, nvmlShutdown's too."""
+    Counts every call by name, nvmlShutdown's too; ``reached`` is set once nvmlInit is called."""
 
     def __init__(self, gpus: list[dict[str, Any]], open_error: dict[int, BaseException] | None = None,
                  init: BaseException | threading.Event | None = None, count: BaseException | None = None) -> None:
         super().__init__("pynvml")
         self.gpus, self.open_error, self.init, self.count_error = gpus, open_error or {}, init, count
         self.calls: dict[str, int] = {}
+        self.reached = threading.Event()
         for name in dir(NVML):
             if name.startswith(("NVML_ERROR_", "NVMLError")):
                 setattr(self, name, getattr(NVML, name))
@@ -127,6 +132,7 @@ class StandInNvml(ModuleType):
 
     def nvmlInit(self) -> None:
         self._count("nvmlInit")
+        self.reached.set()
         if isinstance(self.init, threading.Event):
             self.init.wait()  # a driver that does not answer, until the test lets it go
         elif self.init is not None:
@@ -226,8 +232,13 @@ def test_a_gpu_of_another_job_is_not_read_nor_called_unreachable(monkeypatch: py
     assert summary_line(found) == "2 device(s) read through NVML, driver 550.54.15 (6 more counted, not read)"
 
 
-@pytest.mark.parametrize("code", ["GPU_IS_LOST", "INSUFFICIENT_POWER", "IRQ_ISSUE", "RESET_REQUIRED"])
+@pytest.mark.parametrize("code", ["GPU_IS_LOST", "INSUFFICIENT_POWER", "IRQ_ISSUE", "RESET_REQUIRED", "UNKNOWN",
+                                  "GPU_NOT_FOUND"])
 def test_a_gpu_that_does_not_answer_is_unreachable(monkeypatch: pytest.MonkeyPatch, code: str) -> None:
+    """UNKNOWN at opening: how a GPU fallen off the bus (XID 79) often answers ("Unable to determine the device
+    handle for GPU ...: Unknown Error", as nvidia-smi says)."""
+    if not hasattr(NVML, f"NVML_ERROR_{code}"):
+        pytest.skip(f"the installed nvidia-ml-py has no NVML_ERROR_{code}")
     nvml = StandInNvml([healthy_h100(0), healthy_h100(1)], open_error={1: E(getattr(NVML, f"NVML_ERROR_{code}"))})
     lost = nvml_reading(monkeypatch, nvml)["devices"][1]
     assert lost["fields"]["unreachable"] == 1 and lost["facts"]["error"].startswith("NVMLError_")
@@ -237,17 +248,21 @@ def test_a_gpu_that_does_not_answer_is_unreachable(monkeypatch: pytest.MonkeyPat
 
 def test_each_query_is_told_apart_by_its_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """Not supported: null, no error. Any other error: null and named. GPU lost after its handle opened: unreachable
-    (every error read as null made such a GPU reachable). An unknown error opening a GPU: not read, not unreachable."""
+    (every error read as null made such a GPU reachable); an unknown error of one query after: named, no more. An
+    error opening a GPU that says nothing of it (an invalid argument): not read, not unreachable."""
     quiet = healthy_h100(0) | {"nvmlDeviceGetPcieReplayCounter": E(NVML.NVML_ERROR_NOT_SUPPORTED),
                                "nvmlDeviceGetSerial": E(NVML.NVML_ERROR_NO_PERMISSION)}
-    lost = healthy_h100(1) | {"nvmlDeviceGetCurrPcieLinkWidth": E(NVML.NVML_ERROR_GPU_IS_LOST)}
-    nvml = StandInNvml([quiet, lost, healthy_h100(2)], open_error={2: E(NVML.NVML_ERROR_UNKNOWN)})
+    lost = healthy_h100(1) | {"nvmlDeviceGetCurrPcieLinkWidth": E(NVML.NVML_ERROR_GPU_IS_LOST),
+                              "nvmlDeviceGetPcieReplayCounter": E(NVML.NVML_ERROR_UNKNOWN)}
+    nvml = StandInNvml([quiet, lost, healthy_h100(2)], open_error={2: E(NVML.NVML_ERROR_INVALID_ARGUMENT)})
     first, second, third = nvml_reading(monkeypatch, nvml)["devices"]
     assert first["fields"]["pcie_replay_count"] is None and first["fields"]["unreachable"] == 0
     assert first["facts"]["errors"] == ["nvmlDeviceGetSerial: NVMLError_NoPermission: Insufficient Permissions"]
     assert second["fields"]["unreachable"] == 1 and second["fields"]["pcie_width_lanes_missing"] is None
-    assert second["facts"]["errors"] == ["nvmlDeviceGetCurrPcieLinkWidth: NVMLError_GpuIsLost: GPU is lost"]
-    assert third["fields"]["unreachable"] is None and third["facts"]["not_read"] == "NVMLError_Unknown: Unknown Error"
+    assert second["facts"]["errors"] == ["nvmlDeviceGetCurrPcieLinkWidth: NVMLError_GpuIsLost: GPU is lost",
+                                         "nvmlDeviceGetPcieReplayCounter: NVMLError_Unknown: Unknown Error"]
+    assert third["fields"]["unreachable"] is None
+    assert third["facts"]["not_read"] == "NVMLError_InvalidArgument: Invalid Argument"
 
 
 def test_retired_pages_stand_for_remapping_only_before_ampere(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -282,13 +297,54 @@ def test_a_reading_nvml_cannot_make_says_why(monkeypatch: pytest.MonkeyPatch, nv
 
 def test_nvml_that_does_not_answer_is_left_behind(monkeypatch: pytest.MonkeyPatch) -> None:
     hold = threading.Event()
-    monkeypatch.setitem(sys.modules, "pynvml", StandInNvml([healthy_h100(0)], init=hold))
+    nvml = StandInNvml([healthy_h100(0)], init=hold)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
     try:
         answer = NVIDIA_HEALTH.device_health({}, limit_s=0.01)  # NVML never answers until released below
     finally:
+        # Released only once the thread holds the stand-in: one that imported pynvml after monkeypatch restored
+        # sys.modules would start the real NVML behind the later tests.
+        assert nvml.reached.wait(60)
         hold.set()
     assert answer == {"available": False, "source": "NVML", "reason": "NVML did not answer within 0.01 s",
                       "devices": []}
+
+
+# A driver that hangs, as the probe's process meets it: nvmlInit never returns, holding the library's lock, and the
+# library's destructor waits for that lock at the interpreter's exit (libnvidia-ml's, in C; atexit's here).
+HANGING_PYNVML = """import atexit, threading
+_lock = threading.Lock()
+atexit.register(lambda: _lock.acquire())
+def nvmlInit():
+    _lock.acquire()
+    threading.Event().wait()
+"""
+# The probe as `python -m flagperf.hosts.probe --vendor nvidia` runs it, with the NVIDIA module's limit made short.
+PROBE_WITH_SHORT_LIMIT = """import functools
+import flagperf.config.vendors as vendors
+from flagperf.hosts import probe
+load = vendors.import_file
+def short_limit(path, name, family=None):
+    module = load(path, name, family)
+    if name.endswith("_health"):
+        module.device_health = functools.partial(module.device_health, limit_s=0.05)
+    return module
+vendors.import_file = short_limit
+probe.exit_process(probe.main(["--vendor", "nvidia"]))
+"""
+
+
+def test_a_probe_whose_driver_hangs_exits_with_its_answer(tmp_path: Path) -> None:
+    """A host without torch (a container host): the reading thread left behind must not hold the probe's exit, or
+    its printed answer is lost at the healthcheck's limit."""
+    (tmp_path / "pynvml.py").write_text(HANGING_PYNVML)
+    (tmp_path / "torch.py").write_text("raise ImportError('no torch on this host')\n")
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(PROJECT_ROOT)])}
+    done = subprocess.run([sys.executable, "-c", PROBE_WITH_SHORT_LIMIT], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)  # the timeout only ends a hang: without the fix it never exits
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["device_health"]["reason"] == "NVML did not answer within 0.05 s" and "torch_missing" in answer
 
 
 def health_vendor(tmp_path: Path, body: str) -> Vendor:
@@ -433,6 +489,24 @@ def test_devices_are_matched_by_uuid_where_the_rounds_name_them(tmp_path: Path) 
     failed = [(v.host, v.device, v.uuid) for v in found.devices if v.status == "fail"]
     assert failed == [("h2", 1, "GPU-5")]
     assert not [c for c in next(h for h in found.hosts if h.host == "h2").checks if "not measured" in c.what]
+
+
+def test_a_serial_number_is_no_uuid_to_match_by(tmp_path: Path) -> None:
+    """The monitor read the GPUs' serial numbers but not their UUIDs: a serial in device_uuid matched no reading and
+    left every device "not measured". No UUID: matched by index, and said so."""
+    run = tmp_path / "run1"
+    header = {"type": "header", "monitor": "nvml", "interval_s": 1.0, "started_at": 99.0,
+              "devices": [{"index": 0, "serial": "1650"}, {"index": 1, "serial": "1651"}]}
+    sample = {"type": "sample", "t": 105.0, "devices": [{"index": 0}, {"index": 1}]}
+    for host in ("h1", "h2", "h4"):
+        put_round(run, host, FLEET[host], monitor=[header, sample])
+    put_health(run, "h2", reading(*[NVIDIA_HEALTH.device_reading(raw(i, pcie_link_width=8 if i == 1 else 16))
+                                    for i in range(2)]))
+    summary = summarize(run)
+    assert summary.rows["device_uuid"].isna().all()
+    found = diagnose(run, summary.rows, health_rules("pcie-link-width"))
+    (width,) = next(v for v in found.devices if (v.host, v.device) == ("h2", 1)).failed
+    assert width.what == "health pcie_width_lanes_missing (matched by index)"
 
 
 def test_a_reading_without_a_uuid_is_never_matched_by_index_where_the_rounds_name_uuids(tmp_path: Path) -> None:

@@ -12,8 +12,10 @@ trusting a node, as nvidia-smi and DCGM's level-1 checks read it:
 - hardware slowdown active while idle (HW slowdown, HW thermal or power-brake slowdown: nothing the workload did);
 - the PCIe replay count (link-level retransmissions since the driver loaded);
 - a GPU NVML counts but that does not answer: lost (fallen off the bus, XID 79), short of power, an interrupt
-  problem, or needing a reset. A GPU this process may not open (NO_PERMISSION: another job's, where the job's
-  cgroup holds only its own, as Slurm's ConstrainDevices does) is not read, and is not called unreachable.
+  problem, or needing a reset; at opening, also an unknown error or "GPU not found" (after XID 79 nvidia-smi says
+  "Unable to determine the device handle for GPU ...: Unknown Error"). A GPU this process may not open
+  (NO_PERMISSION: another job's, where the job's cgroup holds only its own, as Slurm's ConstrainDevices does) is
+  not read, and is not called unreachable.
 
 A figure a GPU or driver does not report (NOT_SUPPORTED) is null, never 0; a query that fails otherwise is null too,
 and named in the device's ``errors`` fact. Without NVML (the package, the driver, or the GPUs missing), or when NVML
@@ -35,6 +37,11 @@ NVML_LIMIT_S = 30.0  # a wedged driver can hold an NVML call for minutes: the pr
 # NVML's errors that mean the GPU itself does not answer (nvml.h): a device with one of these is unreachable.
 UNREACHABLE_ERRORS = ("NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_INSUFFICIENT_POWER", "NVML_ERROR_IRQ_ISSUE",
                       "NVML_ERROR_RESET_REQUIRED")
+# Opening the handle of a GPU NVML counts: these too. A GPU fallen off the bus (XID 79) often answers UNKNOWN there
+# (nvidia-smi: "Unable to determine the device handle for GPU ...: Unknown Error"), or GPU_NOT_FOUND (newer
+# drivers, absent from older bindings: then never matched). After a handle opened, an unknown error of one query
+# says nothing of the GPU as a whole: named in ``errors`` only.
+UNREACHABLE_AT_OPEN_ERRORS = (*UNREACHABLE_ERRORS, "NVML_ERROR_UNKNOWN", "NVML_ERROR_GPU_NOT_FOUND")
 # A figure this GPU or driver does not have: null, and no error (a driver older than the query has no function).
 NOT_REPORTED_ERRORS = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND")
 MAX_ERRORS = 16
@@ -162,6 +169,9 @@ def read_raw(pynvml: Any, index: int, handle: Any, common: ModuleType) -> dict[s
     rows = query.get("nvmlDeviceGetRemappedRows", handle)
     # Retired pages tell of memory retired on GPUs older than Ampere only; on later ones (rows unreported under
     # MIG) they stay 0 whatever rows wait, so they would be a confident "nothing pending": null instead.
+    # An architecture NVML does not tell (a driver or binding without the query) leaves the pages unread too: on an
+    # Ampere or later GPU they would be that confident 0, while null is an unknown the diagnosis says so; a GPU older
+    # than Ampere on such a driver loses this one figure only (its uncorrected ECC errors are still read).
     older = architecture is not None and architecture < getattr(pynvml, "NVML_DEVICE_ARCH_AMPERE", 7)
     pages = query.get("nvmlDeviceGetRetiredPagesPendingStatus", handle) if rows is None and older else None
     pci = query.get("nvmlDeviceGetPciInfo", handle)
@@ -200,7 +210,7 @@ def _device(pynvml: Any, index: int, common: ModuleType) -> dict[str, Any]:
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
     except Exception as exc:
-        if nvml_error_is(pynvml, exc, UNREACHABLE_ERRORS):  # e.g. GPU_IS_LOST: fallen off the bus (XID 79)
+        if nvml_error_is(pynvml, exc, UNREACHABLE_AT_OPEN_ERRORS):  # e.g. GPU_IS_LOST, UNKNOWN: XID 79
             return unreachable_reading(index, _error_text(exc))
         return not_opened_reading(index, _error_text(exc))  # NO_PERMISSION: not this job's GPU; others: unknown
     return device_reading(read_raw(pynvml, index, handle, common))
@@ -233,7 +243,11 @@ def read_devices() -> dict[str, Any]:
 
 def device_health(settings: dict[str, Any], limit_s: float = NVML_LIMIT_S) -> dict[str, Any]:
     """read_devices in a thread of its own, waited for ``limit_s`` at most: a driver that does not answer leaves
-    the thread behind (a daemon: it never holds the probe's exit) and the answer says so."""
+    the thread behind and the answer says so. The thread is a daemon, but it may sit in a C call holding NVML's
+    locks, on which libnvidia-ml's destructors would wait at the interpreter's exit: the probe, seeing a thread
+    still alive, flushes its answer and leaves without them (flagperf.hosts.probe.exit_process). Where torch is
+    installed the probe asks torch for the device next, and torch waits on such a driver all the same: the limit
+    keeps the answer of a host without torch (a container host), and the healthcheck's own limit the others'."""
     answer: list[dict[str, Any] | BaseException] = []
 
     def read() -> None:
