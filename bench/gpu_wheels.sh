@@ -22,7 +22,9 @@ trap 'rm -rf "$work"' EXIT
 # The resolution for the GPU host's Python and platform, inside the lock.
 # pytest to run tests/gpu there; openai and accelerate for `transformers serve` (the serving bench's server)
 printf 'pytest\nopenai\naccelerate\n' > "$work/tests.in"
-uv pip compile pyproject.toml "$work/tests.in" --extra nvidia -c constraints.txt --python-version "$python" \
+# --no-python-downloads: resolving for 3.12 needs no 3.12 interpreter (the target comes from --python-version);
+# without it uv fetches one to build nothing with (10-15 s a resolve, or retries where that host is unreachable).
+uv pip compile --no-python-downloads pyproject.toml "$work/tests.in" --extra nvidia -c constraints.txt --python-version "$python" \
   --python-platform x86_64-manylinux_2_28 --annotation-style line --no-header -q -o "$work/resolved.txt"
 
 # Keep a package when something kept needs it (the project itself first); the image's own are dropped
@@ -70,7 +72,7 @@ EOF
 # needing hub 2 or a newer transformers would break the image's at import. GPU_IMAGE_PINS: another image's.
 image_pins=${GPU_IMAGE_PINS:-"transformers==5.17.* huggingface-hub==1.33.* torch==2.11.*"}
 printf '%s\n' $image_pins > "$work/image.in"
-if ! uv pip compile "$work/wanted.txt" "$work/image.in" --python-version "$python" \
+if ! uv pip compile --no-python-downloads "$work/wanted.txt" "$work/image.in" --python-version "$python" \
     --python-platform x86_64-manylinux_2_28 --no-header -q -o "$work/with_image.txt" 2> "$work/with_image.err"; then
   grep -v '^\s*$' "$work/with_image.err" | tail -15 >&2
   echo "gpu_wheels.sh: the carried wheels conflict with the GPU image's $image_pins (above)" >&2
