@@ -276,27 +276,29 @@ def shell_lines(text: str) -> list[tuple[int, str]]:
     it where a shell reads it as its script (bash <<EOF)."""
     found: list[tuple[int, str]] = []
     lines = text.removeprefix("\ufeff").splitlines()
+    # The heredocs whose bodies come next, the first one's first: (its end word, <<- (tabs before it), a script).
+    pending: list[tuple[str, bool, bool]] = []
     index = 0
     while index < len(lines):
         start, line = index + 1, lines[index]
         index += 1
+        if pending:
+            end, dashed, script = pending[0]
+            if (line.lstrip("\t") if dashed else line) == end:
+                pending.pop(0)
+                continue
+            if not script:
+                continue
         while line.endswith("\\") and index < len(lines):
             line = line[:-1] + " " + lines[index]
             index += 1
         found.append((start, line))
         code = _without_comment(line) if "<<" in line else ""
         opened = heredocs(code, shell=True) if code else []
-        scripts = _heredoc_scripts(code, opened) if opened else []
-        for number, heredoc in enumerate(opened):
-            body: list[tuple[int, str]] = []
-            while index < len(lines):
-                index += 1
-                if (lines[index - 1].lstrip("\t") if heredoc.group(1) else lines[index - 1]) == heredoc.group(3):
-                    break
-                body.append((index, lines[index - 1]))
-            if number in scripts and body:
-                found += [(body[0][0] + offset - 1, part)
-                          for offset, part in shell_lines("\n".join(part for _, part in body))]
+        if opened:
+            scripts = _heredoc_scripts(code, opened)
+            pending[:0] = [(heredoc.group(3), bool(heredoc.group(1)), number in scripts)
+                           for number, heredoc in enumerate(opened)]
     return found
 
 

@@ -247,8 +247,8 @@ def _skipped_links_note(folder: Path, links: list[str]) -> str:
     nowhere = (f"in a round's container, where the folder is at another path, {'it' if one else 'each relative one'} "
                "may lead nowhere" if relative else "")
     return (f"{display_path(folder)}: {named} {'leads' if one else 'lead'} out of the vendor folder, "
-            f"{'a dot-file' if one else 'dot-files'} every round's link scan passes over (no round refuses "
-            f"{'it' if one else 'them'}): " + "; ".join(part for part in (container, nowhere) if part))
+            f"{'a dot-file or folder' if one else 'dot-files or folders'} every round's link scan passes over (no "
+            f"round refuses {'it' if one else 'them'}): " + "; ".join(part for part in (container, nowhere) if part))
 
 
 def _link_target(link: Path) -> str:
