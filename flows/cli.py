@@ -1357,7 +1357,7 @@ def _check_file(path: Path, notes: list[str]) -> str:
         what = (f"vendor image {display_path(image[1])}" if Path(os.path.abspath(path)) == image[1] else
                 f"install script of {display_path(image[1])}")
         return _check_packages_file(*image, notes, what=what)
-    if path.match("*install*.sh") or "dockerfile" in path.name.lower():  # no YAML: read as one, it says nothing
+    if path.match("*install*.sh") or _dockerfile_name(path.name):  # no YAML: read as one, it says nothing
         raise ConfigError(display_path(path), None, _image_file_without_vendor(path))
     if path.suffix == ".py":  # FlagPerf training's test_conf.py, or its cluster_conf.py: checked together
         from flagperf.config.plan import plan_run
@@ -1451,7 +1451,7 @@ def _image_file_dockerfile(path: Path) -> tuple[Path, Path] | None:
 
     given = Path(os.path.abspath(path))  # as written: a link's own place, not where it leads
     script = given.match("*install*.sh")
-    if not script and "dockerfile" not in given.name.lower():
+    if not script and not _dockerfile_name(given.name):
         return None
     home = next((folder for folder in given.parents if is_present(folder / VENDOR_MANIFEST)), None)
     if home is None:
@@ -1461,6 +1461,15 @@ def _image_file_dockerfile(path: Path) -> tuple[Path, Path] | None:
         if given == dockerfile or (script and given.parent == dockerfile.parent):
             return home, dockerfile
     return None
+
+
+# A Dockerfile's name: Dockerfile, Dockerfile.dev, cuda.Dockerfile (any case); not dockerfiles.yaml, nor a page or a
+# script about one (Dockerfile.md, dockerfile.py).
+DOCKERFILE_NAME = re.compile(r"(?:.+\.)?dockerfile(?:\.(?!(?:ya?ml|json|md|rst|txt|py|sh)$)[^.]+)*", re.IGNORECASE)
+
+
+def _dockerfile_name(name: str) -> bool:
+    return DOCKERFILE_NAME.fullmatch(name) is not None
 
 
 def _image_file_without_vendor(path: Path) -> str:
@@ -1475,9 +1484,14 @@ def _image_file_without_vendor(path: Path) -> str:
     if home is None:
         return (f"{kind} is checked with its vendor folder, and no folder above it has {VENDOR_MANIFEST}: "
                 "`flagperf vendor check <folder>` checks the folder once it has one")
-    what = "an install script beside no Dockerfile" if kind == "an install script" else "not a Dockerfile"
-    return (f"{what} vendor check builds for {display_path(home)} (container.dockerfile, <framework>/Dockerfile): "
-            f"`flagperf vendor check {display_path(home)}` says what it is")
+    from flagperf.config.vendors import load_vendor_manifest
+
+    built = (f"vendor check builds {display_path(home)}'s container.dockerfile "
+             f"({load_vendor_manifest(home / VENDOR_MANIFEST).container.dockerfile}) and each <framework>/Dockerfile")
+    if kind == "an install script":
+        return (f"an install script beside none of the Dockerfiles {built}: put it beside the Dockerfile that runs it, "
+                "or point container.dockerfile at the Dockerfile beside it")
+    return f"not a Dockerfile {built}: if it is the vendor's image, point container.dockerfile at it"
 
 
 def _check_packages_file(home: Path, dockerfile: Path, notes: list[str], what: str | None = None) -> str:

@@ -17,8 +17,11 @@ from itertools import pairwise
 from pathlib import PurePosixPath
 from typing import NamedTuple
 
-# <<EOF, <<-EOF, <<"EOF", <<'EOF': Docker's (BuildKit) heredocs, whose body lines follow the instruction.
-HEREDOC = re.compile(r"(?<!<)<<(-?)\s*([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
+# <<EOF, <<-EOF, <<"EOF", <<'EOF': Docker's (BuildKit) heredocs, whose body lines follow the instruction: a word of
+# its own (BuildKit splits the line at blanks), the end word right after the << (`<< EOF` is none of BuildKit's).
+HEREDOC = re.compile(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
+# The shell's: wherever << is an operator (cat<<EOF, << EOF, <<\EOF).
+SHELL_HEREDOC = re.compile(r"<<(-?)[ \t]*([\"']?)\\?([A-Za-z_][A-Za-z0-9_]*)\2")
 # A shell variable in a path: $NAME or ${NAME}; anything more ($(...), ${NAME:-x}) makes the path unknowable here.
 VARIABLE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}|\$[A-Za-z_][A-Za-z0-9_]*")
 OPERATORS = {";", "&&", "||", "|", "&", "(", ")", ";;", "|&"}
@@ -77,10 +80,11 @@ FILE_ENDING = re.compile(r"\.(?:whl|run|sh|bash|py|deb|rpm|tar|tgz|tbz2?|txz|gz|
 # Commands whose arguments are text, patterns or names rather than files the shell looks for where it is: after a
 # cd, a word of theirs that looks like a file (echo "installing a.run", sed 's/a/b/' setup.py, git checkout
 # origin/main) is not read as one.
-TEXT_ARGUMENTS = {"echo", "printf", "sed", "grep", "egrep", "fgrep", "awk", "gawk", "git", "test", "[", "[["}
-# Of those, the ones that never open a file: a packages/ path among their arguments is none the build needs (echo
-# "put packages/x.run here"); a test's operand is what a guard looks for (FILE_TESTS).
-NO_FILES = {"echo", "printf", "test", "[", "[["}
+TEXT_ARGUMENTS = {"echo", "printf", "sed", "grep", "egrep", "fgrep", "awk", "gawk", "git", "test", "[", "[[", "rm",
+                  "rmdir"}
+# Of those, the ones that need no file: a packages/ path among their arguments is none the build needs (echo "put
+# packages/x.run here", rm -f packages/old.run); a test's operand is what a guard looks for (FILE_TESTS).
+NO_FILES = {"echo", "printf", "test", "[", "[[", "rm", "rmdir"}
 TESTS = {"test", "[", "[["}
 # test's and [ 's unary tests of a file: [ -f x.run ] && sh x.run runs x.run only where it is there.
 FILE_TESTS = {f"-{letter}" for letter in "abcdefghkprsuwxGLNOS"}
@@ -114,6 +118,54 @@ def escape_character(lines: list[str]) -> str:
     return escape
 
 
+def heredocs(line: str, *, shell: bool = False) -> list[re.Match[str]]:
+    """The heredocs a line opens, in order: a << outside quotes, outside $(( )) (1<<N shifts), not <<< (a here
+    string). As Docker's (BuildKit's) parser finds them, the << starts a word (2<<EOF: after its descriptor); as the
+    shell does (``shell``), anywhere (cat<<EOF, << EOF). A Dockerfile's exec form (a JSON list) has none."""
+    if not shell and line.lstrip().startswith("["):
+        try:
+            words = json.loads(line)
+        except ValueError:
+            words = None
+        if isinstance(words, list):
+            return []
+    pattern = SHELL_HEREDOC if shell else HEREDOC
+    found: list[re.Match[str]] = []
+    quote, arithmetic, position = "", 0, 0
+    while position < len(line):
+        char = line[position]
+        if char == "\\" and quote != "'":
+            position += 2
+            continue
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"" and not arithmetic:
+            quote = char
+        elif line.startswith("$((", position):
+            arithmetic += 1
+            position += 3
+            continue
+        elif arithmetic and char == "(":
+            arithmetic += 1
+        elif arithmetic and char == ")":
+            arithmetic -= 1 if line.startswith("))", position) else 0
+            position += 2 if line.startswith("))", position) else 1
+            continue
+        elif not arithmetic and line.startswith("<<", position) and not line.startswith("<<<", position) \
+                and (position == 0 or line[position - 1] != "<"):
+            start = len(line[:position].rstrip("0123456789"))
+            if shell or start == 0 or line[start - 1].isspace():
+                match = pattern.match(line, position)
+                if match is not None:
+                    found.append(match)
+                    position = match.end()
+                    continue
+            position += 2
+            continue
+        position += 1
+    return found
+
+
 def dockerfile_instructions(text: str) -> list[Instruction]:
     """A Dockerfile's instructions as Docker reads them: a line ending in the escape character (a backslash, or
     what `# escape=` sets) goes on with the next (comment and empty lines inside are dropped), a line starting with #
@@ -138,7 +190,7 @@ def dockerfile_instructions(text: str) -> list[Instruction]:
         logical = " ".join(part.strip() for part in parts)
         keyword, rest = [*logical.split(None, 1), ""][:2]
         bodies = []
-        for match in HEREDOC.finditer(rest) if keyword.upper() in ("RUN", "COPY", "ADD") else ():
+        for match in heredocs(RUN_FLAGS.sub("", rest)) if keyword.upper() in ("RUN", "COPY", "ADD") else ():
             body = []
             while index < len(lines):
                 line = lines[index]
@@ -165,11 +217,11 @@ def run_scripts(instruction: Instruction) -> list[str]:
     is a script, one fed to another command (cat <<EOF > /etc/pip.conf) data: its lines are no commands, nor paths
     the build names."""
     first = RUN_FLAGS.sub("", instruction.text.partition("\n")[0])
-    heredocs = list(HEREDOC.finditer(first))
-    if heredocs:
-        if len(heredocs) == 1 and first.strip() == heredocs[0].group(0):
+    opened = heredocs(first)
+    if opened:
+        if len(opened) == 1 and first.strip() == opened[0].group(0):
             return list(instruction.bodies[:1])
-        return [first] + [instruction.bodies[index] for index in _heredoc_scripts(first, heredocs)
+        return [first] + [instruction.bodies[index] for index in _heredoc_scripts(first, opened)
                           if index < len(instruction.bodies)]
     if not first.startswith("["):
         return [RUN_FLAGS.sub("", instruction.text)]
@@ -213,40 +265,40 @@ def _heredoc_scripts(line: str, heredocs: list[re.Match[str]]) -> list[int]:
 
 def _reads_its_input(program: list[str]) -> bool:
     """Whether a command is a shell that reads its script from its input: its options only (an option that takes a
-    value with it: -o pipefail, +O extglob, --rcfile FILE), none of them -c (a command string) or a script file."""
-    if not program or PurePosixPath(program[0]).name not in SHELLS:
-        return False
-    index = 1
-    while index < len(program):
-        word = program[index]
-        index += 1
-        if word in ("-", "--"):
-            return True  # the options end: the words after them are the script's arguments
-        if word in ("--rcfile", "--init-file"):
-            index += 1
-        elif word.startswith("--"):
-            continue  # --norc, --login, --posix
-        elif re.fullmatch(r"[-+][A-Za-z]+", word):
-            if "c" in word[1:] and word[0] == "-":
-                return False
-            index += sum(letter in "oO" for letter in word[1:])  # -o NAME, -eo pipefail
-        else:
-            return False  # a script file: the heredoc is its data
-    return True
+    value with it: -o pipefail, +O extglob, --rcfile FILE), or -s, none of them -c (a command string) or a script
+    file."""
+    return _shell_script(program)[0] == "input"
 
 
 def shell_lines(text: str) -> list[tuple[int, str]]:
-    """A script's logical lines (a backslash at the end goes on with the next), each with its first line's number."""
+    """A script's logical lines (a backslash at the end goes on with the next), each with its first line's number;
+    a heredoc's body (up to its end word) is no line of it where it is data (cat > /etc/pip.conf <<EOF), and lines of
+    it where a shell reads it as its script (bash <<EOF)."""
     found: list[tuple[int, str]] = []
     lines = text.removeprefix("\ufeff").splitlines()
+    # The heredocs whose bodies come next, the first one's first: (its end word, <<- (tabs before it), a script).
+    pending: list[tuple[str, bool, bool]] = []
     index = 0
     while index < len(lines):
         start, line = index + 1, lines[index]
         index += 1
+        if pending:
+            end, dashed, script = pending[0]
+            if (line.lstrip("\t") if dashed else line) == end:
+                pending.pop(0)
+                continue
+            if not script:
+                continue
         while line.endswith("\\") and index < len(lines):
             line = line[:-1] + " " + lines[index]
             index += 1
         found.append((start, line))
+        code = _without_comment(line) if "<<" in line else ""
+        opened = heredocs(code, shell=True) if code else []
+        if opened:
+            scripts = _heredoc_scripts(code, opened)
+            pending[:0] = [(heredoc.group(3), bool(heredoc.group(1)), number in scripts)
+                           for number, heredoc in enumerate(opened)]
     return found
 
 
@@ -357,6 +409,9 @@ class Shell:
     # the shell started, holds ""): a cd to one of them is a cd into the context.
     places: dict[str, str] = field(default_factory=dict)
     defining: bool = False  # a function's name and () read: its body follows
+    # The packages/ paths a test of this shell looked for ([ -f x.run ], test -f x.run || exit 0): the script goes on
+    # without them from there (if [ -f x.run ]; then sh x.run; fi spans lines).
+    guards: set[str] = field(default_factory=set)
     body_depth: int = 0  # inside a function's body: the braces open
 
     def moved(self, arguments: list[str]) -> None:
@@ -407,7 +462,6 @@ class BuildWrites:
         same, but after a cd: cd packages && sh x.run names packages/x.run), and whether the line tests for it."""
         shell = Shell() if shell is None else shell
         named: list[Named] = []
-        guards: set[str] = set()
         command: list[str] = []
         items = [*words, ";"]
         previous, start = ";", shell.folder  # the operator before the command, the folder its and-or list began in
@@ -422,8 +476,8 @@ class BuildWrites:
                 shell.defining, shell.body_depth, command = False, 1, []
                 continue
             shell.defining = shell.defining and word == ";"  # f() ( ... ): a subshell's body is read as one
-            if word == "(" and items[index:index + 1] == [")"] and (
-                    len(command) == 1 or (len(command) == 2 and command[0] == "function")):
+            if word == "(" and items[index:index + 1] == [")"] and not (command and command[-1].endswith("=")) and (
+                    len(command) == 1 or (len(command) == 2 and command[0] == "function")):  # NAME=(): an array
                 shell.defining, command = True, []  # name() { ...; }
                 index += 1
                 continue
@@ -433,7 +487,7 @@ class BuildWrites:
             if command:
                 shell.defining = shell.defining or (len(command) == 2 and command[0] == "function")
                 before = shell.folder
-                named += self._command(command, shell, guards)
+                named += self._command(command, shell)
                 if previous in PIPES or word in PIPES:
                     shell.folder = before
             command = []
@@ -446,7 +500,7 @@ class BuildWrites:
             if word in LISTS or word == "(":
                 start = shell.folder
             previous = word
-        return [found._replace(guarded=True) if found.path in guards else found for found in named]
+        return [found._replace(guarded=True) if found.path in shell.guards else found for found in named]
 
     def copy(self, instruction: Instruction) -> None:
         """A COPY or ADD step: its destination is written. A relative one is under WORKDIR, which the RUN steps
@@ -465,7 +519,7 @@ class BuildWrites:
         elif all((as_glob(source) or "").split("/")[0] == PACKAGES for source in sources):
             # packages/ copied from the context: what the destination holds is what the check looks for there
             return
-        if HEREDOC.search(destination):
+        if destination.startswith("<<"):
             return
         parts = destination.split("/")
         if destination.startswith("/"):
@@ -498,7 +552,7 @@ class BuildWrites:
             destination = posixpath.join(self.workdir, destination)
         self.places[posixpath.normpath(destination)] = "" if source == "." else source
 
-    def _command(self, words: list[str], shell: Shell, guards: set[str]) -> list[Named]:
+    def _command(self, words: list[str], shell: Shell) -> list[Named]:
         targets: list[str] = []  # of > and >>: written once the command's folder is known (env -C moves it)
         program, elsewhere = _program(_without_redirections(words, targets.append))
         self._folder = None if elsewhere else shell.folder
@@ -510,7 +564,7 @@ class BuildWrites:
         name = PurePosixPath(program[0]).name
         arguments = program[1:]
         if name in TESTS:
-            guards.update(path for option, operand in pairwise(arguments)
+            shell.guards.update(path for option, operand in pairwise(arguments)
                           if option in FILE_TESTS for path in self._paths(operand))
         if name in ("cd", "pushd"):
             shell.moved(arguments)
@@ -526,6 +580,14 @@ class BuildWrites:
         if name == "tar" and _tar_extracts(arguments) and not any(
                 word in ("-C", "--directory") or word.startswith(("--directory=", "-C")) for word in arguments):
             self.unknown_places = True
+        if name == "tar" and _tar_creates(arguments):
+            archive = _tar_archive(arguments)
+            if archive is not None:
+                self._wrote(archive)  # tar czf logs.tgz ...: the archive is written, no file needed
+        if name == "zip":
+            archive = next((word for word in arguments if not word.startswith("-")), None)
+            if archive is not None:
+                self._wrote(archive)  # zip out.zip files...: its first argument is the archive it writes
         if name == "unzip" and not any(word == "-d" or word.startswith("-d") for word in arguments):
             self.unknown_places = True
         if name == "git" and arguments[:1] == ["clone"]:
@@ -594,7 +656,7 @@ class BuildWrites:
             script = _script_argument(program)
             if script is not None:
                 candidates.append(program[script])
-            elif name not in TEXT_ARGUMENTS:
+            elif name not in TEXT_ARGUMENTS | SHELLS:  # a shell with no script file: its words are its arguments
                 candidates += [word for word in program[1:] if not word.startswith("-") and FILE_ENDING.search(word)]
         candidates += [after for before, after in pairwise(words) if before in ("<", "<>")]
         found = []
@@ -726,16 +788,42 @@ def _program(words: list[str]) -> tuple[list[str], bool]:
 
 
 def _script_argument(program: list[str]) -> int | None:
-    """Where a shell's script file is among a command's words (sh x.run, bash -e x.sh, . x.sh), None where there is
-    none (sh -c '...': a command string)."""
-    if not program or PurePosixPath(program[0]).name not in SHELLS | {"source", "."}:
-        return None
-    for position, word in enumerate(program[1:], 1):
-        if not word.startswith("-"):
-            return position
-        if "c" in word.lstrip("-") and not word.startswith("--"):
-            return None
-    return None
+    """Where a shell's script file is among a command's words (sh x.run, bash -e x.sh, bash -o pipefail x.sh, .
+    x.sh), None where there is none (sh -c '...': a command string; bash -s, or no script: it reads its input)."""
+    if program and PurePosixPath(program[0]).name in ("source", "."):
+        return 1 if len(program) > 1 else None
+    how, position = _shell_script(program)
+    return position if how == "file" else None
+
+
+def _shell_script(program: list[str]) -> tuple[str, int]:
+    """What script a command that is a shell runs: ("file", where its name is among the words), ("command", 0) for
+    -c, ("input", 0) where it reads its input (-s, -, or no script named), ("", 0) where it is no shell. A shell's
+    options are walked as it reads them: -o, +O, --rcfile and --init-file take a value (-o pipefail, -eo pipefail);
+    -- ends them."""
+    if not program or PurePosixPath(program[0]).name not in SHELLS:
+        return "", 0
+    index = 1
+    while index < len(program):
+        word = program[index]
+        index += 1
+        if word == "-":
+            return "input", 0
+        if word == "--":
+            break
+        if word in ("--rcfile", "--init-file"):
+            index += 1
+        elif word.startswith("--"):
+            continue  # --norc, --login, --posix
+        elif re.fullmatch(r"[-+][A-Za-z]+", word):
+            if word[0] == "-" and "c" in word[1:]:
+                return "command", 0
+            if word[0] == "-" and "s" in word[1:]:
+                return "input", 0
+            index += sum(letter in "oO" for letter in word[1:])
+        else:
+            return "file", index - 1
+    return ("file", index) if index < len(program) else ("input", 0)
 
 
 def run_by_pattern(script: str) -> list[str]:
@@ -760,6 +848,37 @@ def _tar_extracts(arguments: list[str]) -> bool:
     if arguments and not arguments[0].startswith("--") and "x" in arguments[0].lstrip("-"):
         return True
     return any(re.fullmatch(r"-[A-Za-z]*x[A-Za-z]*", word) for word in arguments)
+
+
+def _tar_creates(arguments: list[str]) -> bool:
+    """Whether tar's arguments write an archive: -c, -r, -u (create, append, update), their long names, or one of
+    those letters in the first word's bundle (czf, -cf)."""
+    if any(word in ("--create", "--append", "--update") for word in arguments):
+        return True
+    if arguments and not arguments[0].startswith("--") and re.search("[cru]", arguments[0].lstrip("-")):
+        return True
+    return any(re.fullmatch(r"-[A-Za-z]*[cru][A-Za-z]*", word) for word in arguments)
+
+
+def _tar_archive(arguments: list[str]) -> str | None:
+    """The archive tar's arguments name: --file=x, --file x, -f x, -fx, or f in the first word's bundle of letters,
+    whose value is the next word (czf x.tgz: each bundled letter that takes a value takes the next word in turn)."""
+    for index, word in enumerate(arguments):
+        if word.startswith("--file="):
+            return word.partition("=")[2]
+        if word == "--file":
+            return arguments[index + 1] if index + 1 < len(arguments) else None
+        bundled = (index == 0 and not word.startswith("-")) or re.fullmatch(r"-[A-Za-z]+", word)
+        if bundled and "f" in word:
+            letters = word.lstrip("-")
+            attached = letters[letters.index("f") + 1:]
+            if word.startswith("-") and attached:
+                return attached  # -fx.tar
+            # the bundled letters before f that take a value (-C DIR, -T FILE, -b N) take the words before its
+            taken = sum(letter in "CTXbKLNVg" for letter in letters[:letters.index("f")])
+            value = index + 1 + taken
+            return arguments[value] if value < len(arguments) else None
+    return None
 
 
 def _leads(patterns: list[str], parts: list[str]) -> bool:

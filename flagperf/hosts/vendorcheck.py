@@ -94,7 +94,6 @@ from flagperf.config.vendors import (
 from flagperf.config.yamlio import parse_yaml_text
 from flagperf.errors import ConfigError, FlagperfError, finding_key, findings, left_out_line, one_line, unknown_name
 from flagperf.hosts.buildsteps import (
-    HEREDOC,
     PACKAGES,
     RUN_FLAGS,
     BuildWrites,
@@ -104,6 +103,7 @@ from flagperf.hosts.buildsteps import (
     as_glob,
     copy_parts,
     dockerfile_instructions,
+    heredocs,
     run_by_pattern,
     run_scripts,
     shell_lines,
@@ -247,8 +247,8 @@ def _skipped_links_note(folder: Path, links: list[str]) -> str:
     nowhere = (f"in a round's container, where the folder is at another path, {'it' if one else 'each relative one'} "
                "may lead nowhere" if relative else "")
     return (f"{display_path(folder)}: {named} {'leads' if one else 'lead'} out of the vendor folder, "
-            f"{'a dot-file' if one else 'dot-files'} every round's link scan passes over (no round refuses "
-            f"{'it' if one else 'them'}): " + "; ".join(part for part in (container, nowhere) if part))
+            f"{'a dot-file or folder' if one else 'dot-files or folders'} every round's link scan passes over (no "
+            f"round refuses {'it' if one else 'them'}): " + "; ".join(part for part in (container, nowhere) if part))
 
 
 def _link_target(link: Path) -> str:
@@ -447,23 +447,39 @@ def _check_dockerfile(dockerfile: Path, found: Findings) -> None:
 
 
 # The engine builds with docker-py's APIClient.build (hosts/docker.py), Docker's classic builder: BuildKit's
-# Dockerfile syntax fails there (a heredoc's body is read as instructions: "unknown instruction: ECHO").
-CLASSIC_BUILDER = "the engine builds with Docker's classic builder, which has no heredocs or --mount (BuildKit's)"
+# Dockerfile syntax fails there, or is not what it reads.
+CLASSIC_BUILDER = "the engine builds with Docker's classic builder (docker-py's build, not BuildKit)"
+# Options of COPY and ADD that the classic builder refuses ("the --chmod option requires BuildKit").
+BUILDKIT_COPY_OPTIONS = {"--chmod"}
 
 
 def buildkit_only(step: Instruction) -> list[str]:
-    """What a step uses that only BuildKit has: a heredoc (RUN <<EOF, COPY <<EOF /x), a RUN option (--mount=...,
-    --network=..., --security=...)."""
+    """What a step uses that only BuildKit has: a RUN option (--mount=..., --network=..., --security=...), COPY's or
+    ADD's --chmod, a heredoc (RUN <<EOF, COPY <<EOF /x); each said as Docker's classic builder refuses it."""
     first = step.text.partition("\n")[0]
     found = []
-    flags = RUN_FLAGS.match(first) if step.keyword == "RUN" else None
-    if flags:
-        found.append(f"RUN {flags.group(0).strip()}: {CLASSIC_BUILDER}; drop the option"
-                     + (" and COPY what it mounts" if "--mount" in flags.group(0) else ""))
-    heredoc = HEREDOC.search(first) if step.keyword in ("RUN", "COPY", "ADD") else None
-    if heredoc:
-        found.append(f"{step.keyword} ... {heredoc.group(0)}: {CLASSIC_BUILDER}; put what it holds in a file beside "
-                     "the Dockerfile and COPY it" + (" (a script: then RUN bash it)" if step.keyword == "RUN" else ""))
+    flags = RUN_FLAGS.match(first) if step.keyword in ("RUN", "COPY", "ADD") else None
+    for flag in flags.group(0).split() if flags else ():
+        option = flag.partition("=")[0]
+        if step.keyword != "RUN" and option not in BUILDKIT_COPY_OPTIONS:
+            continue  # --from, --chown: the classic builder's too
+        refused = f"{step.keyword} {flag}: \"the {option} option requires BuildKit\": {CLASSIC_BUILDER}"
+        if option == "--network" and flag.partition("=")[2] == "host":
+            found.append(f"{refused}; drop it: the engine builds with network_mode=\"host\" already, so it loses "
+                         "nothing")
+        elif option == "--mount":
+            found.append(f"{refused}; drop it and COPY what it mounts")
+        elif option == "--chmod":
+            found.append(f"{refused}; drop it and RUN chmod the file after the {step.keyword}")
+        else:
+            found.append(f"{refused}; drop it")
+    opened = heredocs(RUN_FLAGS.sub("", first)) if step.keyword in ("RUN", "COPY", "ADD") else []
+    if opened:
+        found.append(f"{step.keyword} ... {opened[0].group(0)}: {CLASSIC_BUILDER}, which has no heredocs: an "
+                     "older Docker reads its lines as instructions (\"unknown instruction\"), a newer one runs the "
+                     "first line alone and says nothing (RUN <<EOF runs nothing, cat <<EOF > f writes an empty file); "
+                     "put what it holds in a file beside the Dockerfile and COPY it"
+                     + (" (a script: then RUN bash it)" if step.keyword == "RUN" else ""))
     return found
 
 
@@ -616,8 +632,9 @@ def _packages_named(dockerfile: Path, instructions: list[Instruction], scripts: 
             continue
         if not there:
             if guarded:
-                found.notes.append(f"{where}: line {number}: names {shown_name}, which is not in {shown}: the line "
-                                   "tests for it first ([ -f ... ]), so the build goes on without it; if it should "
+                found.notes.append(f"{where}: line {number}: names {shown_name}, which is not in {shown}: the "
+                                   "script tests for it first ([ -f ... ]), so the build goes on without it; if it "
+                                   "should "
                                    f"be installed, FlagPerf's {PACKAGES_FOLDER}/ goes beside the Dockerfile")
             elif writes.downloads or writes.unknown_places:
                 how = ("downloads files (wget, curl, pip download)" if writes.downloads else

@@ -3,7 +3,15 @@ check's packages/ check (tests/unit/test_vendor_check.py holds the check itself)
 
 from __future__ import annotations
 
-from flagperf.hosts.buildsteps import BuildWrites, Shell, dockerfile_instructions, run_scripts, shell_words
+from flagperf.hosts.buildsteps import (
+    BuildWrites,
+    Shell,
+    dockerfile_instructions,
+    heredocs,
+    run_scripts,
+    shell_lines,
+    shell_words,
+)
 
 
 def read(*lines: str) -> tuple[list[str], BuildWrites]:
@@ -113,7 +121,7 @@ def test_a_cd_in_a_pipeline_in_the_background_or_in_a_function_moves_no_later_co
     run with & are subshells, and a function's body runs where it is called: none moves the shell; a list run in the
     background runs in the folder its own cd went to."""
     named = each("cd packages & sh a.run", "cd packages | true; sh b.run", "true | cd packages; sh c.run",
-                    "f() { cd packages; }; sh d.run", "function g {; cd packages; }; sh e.run",
+                    "f() { cd packages; }; sh d.run", "function g { cd packages; }; sh e.run",
                     "cd packages && sh f.run & sh g.run", "cd packages; cat x | sort; sh h.run")
     assert named == ["packages/f.run", "packages/h.run"]
 
@@ -161,3 +169,64 @@ def test_a_heredoc_piped_to_a_shell_or_fed_to_one_with_valued_options_is_its_scr
             "RUN cat <<E | grep x\npackages/e.run\nE\n")
     scripts = [run_scripts(step)[1:] for step in dockerfile_instructions(text) if step.keyword == "RUN"]
     assert scripts == [["sh packages/a.run"], ["sh packages/b.run"], ["sh packages/c.run"], [], []]
+
+
+def test_a_shells_valued_options_are_no_script_and_s_reads_its_input() -> None:
+    """After cd packages, bash -o pipefail -c '...' named packages/pipefail, bash -O extglob x.sh packages/extglob and
+    bash -s -- -y full packages/full. A shell's options are walked as it reads them: -o, +O, --rcfile take a value,
+    -c runs a string, -s (or -) its input; the first other word is its script, and a shell's other words are its
+    script's arguments, none of them a file it opens."""
+    named, _ = read("cd packages", "bash -o pipefail -c 'sh a.run'", "bash -O extglob x.sh", "bash -s -- -y full",
+                    "bash -eo pipefail +O extglob --rcfile rc y.sh arg.sh", "bash -- z.sh", "sh - w.sh")
+    assert named == ["packages/x.sh", "packages/y.sh", "packages/z.sh"]
+
+
+def test_a_test_guards_its_file_for_the_rest_of_the_script() -> None:
+    """if [ -f packages/opt.run ]; then / sh packages/opt.run / fi, and test -f opt.run || { echo skip; exit 0; } /
+    sh opt.run, said the installer missing: a guard covered its own line only. It covers the rest of the shell's
+    script now; a name no test looked for is still unguarded."""
+    writes, shell = BuildWrites(), Shell()
+    lines = ["if [ -f packages/opt.run ]; then", "  sh packages/opt.run", "fi", "cd packages",
+             "test -f b.run || { echo skip; exit 0; }", "sh b.run", "sh c.run"]
+    assert [(found.path, found.guarded) for line in lines for found in writes.read(shell_words(line), shell)] == [
+        ("packages/opt.run", True), ("packages/b.run", True), ("packages/c.run", False)]
+
+
+def test_what_rm_removes_and_an_archive_tar_or_zip_writes_is_no_file_needed() -> None:
+    """After cd packages, rm -f old.tar.gz, tar czf logs.tgz /var/log and zip out.zip ... were said missing from
+    packages/: rm needs no file, and the archive tar c (-f's value, wherever it is in the letters) and zip (its first
+    argument) write is made by the build. What tar x reads still is a name."""
+    named, writes = read("cd packages", "rm -f old.tar.gz packages/x.run", "tar czf logs.tgz /var/log",
+                         "tar -c -v -f b.tar logs", "tar --create --file=c.tar logs", "tar cCf /tmp d.tar .",
+                         "zip -r out.zip logs", "tar xzf in.tgz -C /opt", "tar czf e.tgz a.sh")
+    assert [path for path in named if not writes.made(path)] == ["packages/in.tgz", "packages/a.sh"]
+    assert [path for path in writes.written if path.startswith("packages/")] == [
+        "packages/logs.tgz", "packages/b.tar", "packages/c.tar", "packages/d.tar", "packages/out.zip", "packages/e.tgz"]
+
+
+def test_a_data_heredoc_body_in_a_script_is_no_shell_line() -> None:
+    """cat > /etc/pip.conf <<EOF / find-links = packages/wheels / EOF in an install script had its body read as
+    shell: packages/wheels said missing. A data heredoc's body is passed over up to its end word (<<-: tabs before
+    it); one a shell reads (bash <<EOF) is read as lines, with their own numbers."""
+    script = ("cat > /etc/pip.conf <<EOF\n[global]\nfind-links = packages/wheels\nEOF\ncat<<-'X' >> f\n\tsh a\n"
+              "\tX\nbash -e << S\nsh packages/b.run\nS\nsh packages/c.run\necho '<<EOF'\nsh packages/d.run\n")
+    assert shell_lines(script) == [(1, "cat > /etc/pip.conf <<EOF"), (5, "cat<<-'X' >> f"), (8, "bash -e << S"),
+                                   (9, "sh packages/b.run"), (11, "sh packages/c.run"), (12, "echo '<<EOF'"),
+                                   (13, "sh packages/d.run")]
+
+
+def test_heredocs_are_found_as_docker_and_the_shell_find_them() -> None:
+    """A << in quotes, in $(( )), a here string (<<<) or the exec form opens no heredoc; for Docker one opens where a
+    word starts with it (2<<EOF too), for the shell also inside a word and before a blank (cat<<EOF, << EOF)."""
+    def found(line: str, shell: bool = False) -> list[str]:
+        return [match.group(3) for match in heredocs(line, shell=shell)]
+    assert found("printf 'a << \"b\"' \"<<C\" $((1<<N)) $(( (2) << M )) <<<word") == []
+    assert found('["bash", "-c", "cat <<EOF"]') == [] and found("cat <<A 2<<'B' x<<C << D") == ["A", "B"]
+    assert found("cat<<A << B $((1<<N)) '<<C'", shell=True) == ["A", "B"]
+
+
+def test_an_empty_array_is_no_function() -> None:
+    """NAME=() was read as a function's name and (): the group after it taken for the body, its cd and the missing
+    installer passed over. An assignment's () is an empty array."""
+    named, _ = read("PKGS=()", "{ cd packages && sh missing.run; }")
+    assert named == ["packages/missing.run"]

@@ -335,7 +335,8 @@ def test_a_vendors_datasheets_yaml_is_checked_as_vendor_check_reads_it(tmp_path:
 def test_a_dockerfile_or_install_script_without_its_vendor_folder_says_it_is_checked_with_it(tmp_path: Path) -> None:
     """validate of a Dockerfile or an install script with no vendor.yaml above it read the file as YAML: "top level
     must be a mapping, got str". It says now that such a file is checked with its vendor folder, and where there is
-    one but the file is none of the Dockerfiles vendor check builds, which command says what it is."""
+    one but the file is none of the Dockerfiles vendor check builds (Dockerfile.dev, post_install.sh beside none), which
+    ones it builds and how this one would be."""
     dockerfile = write(tmp_path / "lone" / "Dockerfile", "FROM x\nRUN true\n")
     script = write(tmp_path / "lone" / "pytorch_install.sh", "true\n")
     assert errors("validate", str(dockerfile), str(script)) == [
@@ -346,7 +347,15 @@ def test_a_dockerfile_or_install_script_without_its_vendor_folder_says_it_is_che
     shutil.copytree(Path(__file__).resolve().parents[1] / "fixtures" / "vendor_adaptation" / "vendors" / vendor.name,
                     vendor)
     stray = write(vendor / "docker_image" / "pytorch" / "Dockerfile", "FROM x\nRUN true\n")
-    assert errors("validate", str(stray)) == [
-        f"error {display_path(stray)}: not a Dockerfile vendor check builds for {display_path(vendor)} "
-        f"(container.dockerfile, <framework>/Dockerfile): `flagperf vendor check {display_path(vendor)}` says what it "
-        "is"]
+    dev = write(vendor / "pytorch" / "Dockerfile.dev", "FROM x\nRUN true\n")
+    post = write(vendor / "docker_image" / "post_install.sh", "true\n")
+    built = (f"vendor check builds {display_path(vendor)}'s container.dockerfile (pytorch/Dockerfile) and each "
+             "<framework>/Dockerfile")
+    assert errors("validate", str(stray), str(dev), str(post)) == [
+        *(f"error {display_path(path)}: not a Dockerfile {built}: if it is the vendor's image, point "
+          "container.dockerfile at it" for path in (stray, dev)),
+        f"error {display_path(post)}: an install script beside none of the Dockerfiles {built}: put it beside the "
+        "Dockerfile that runs it, or point container.dockerfile at the Dockerfile beside it"]
+    # A file whose name only has "dockerfile" in it is no Dockerfile: read as the YAML it is, it is no such error.
+    listing = write(vendor / "dockerfiles.yaml", "a: 1\n")
+    assert not [line for line in errors("validate", str(listing)) if "Dockerfile" in line]

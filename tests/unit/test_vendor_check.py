@@ -16,6 +16,12 @@ from flagperf.hosts.vendorcheck import Findings, _check_image, check_vendor_fold
 from flagperf.paths import PROJECT_ROOT, display_path
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vendor_adaptation"
+# vendor check's words for what the engine's builder (Docker's classic one) refuses, spelt out to be held to them.
+CLASSIC_BUILDER = "the engine builds with Docker's classic builder (docker-py's build, not BuildKit)"
+NO_HEREDOCS = (f"{CLASSIC_BUILDER}, which has no heredocs: an older Docker reads its lines as instructions (\"unknown "
+               "instruction\"), a newer one runs the first line alone and says nothing (RUN <<EOF runs nothing, cat "
+               "<<EOF > f writes an empty file); put what it holds in a file beside the Dockerfile and COPY it (a "
+               "script: then RUN bash it)")
 
 
 def flagperf(*args: str) -> subprocess.CompletedProcess[str]:
@@ -447,9 +453,41 @@ def test_run_flags_are_not_the_command(tmp_path: Path) -> None:
     dockerfile = ("FROM scratch\nRUN --mount=type=cache,target=/root/.cache wget -P packages https://example.com/a.run"
                   " && sh packages/a.run\nRUN --network=host pip download -d wheels torch\n"
                   "RUN --network=host [\"pip\", \"install\", \"packages/x.whl\"]\n")
-    found, _ = _image_findings(tmp_path, dockerfile, None, ("packages/x.whl",))
-    read = [line for line in found.problems if "classic builder" not in line]  # that the engine has no RUN flags
-    assert (read, found.notes) == ([], []), (found.problems, found.notes)
+    found, context = _image_findings(tmp_path, dockerfile, None, ("packages/x.whl",))
+    where = display_path(context / "Dockerfile")
+    assert found.problems == [  # the options themselves are the engine's builder's problem, each said as Docker does
+        f"{where}: line 2: RUN --mount=type=cache,target=/root/.cache: \"the --mount option requires BuildKit\": "
+        f"{CLASSIC_BUILDER}; drop it and COPY what it mounts",
+        *(f"{where}: line {number}: RUN --network=host: \"the --network option requires BuildKit\": {CLASSIC_BUILDER}; "
+          "drop it: the engine builds with network_mode=\"host\" already, so it loses nothing" for number in (3, 4))]
+    assert found.notes == [], found.notes
+
+
+def test_copy_chmod_is_refused_by_the_engine_builder_and_copy_chown_is_not(tmp_path: Path) -> None:
+    """COPY --chmod and ADD --chmod passed: Docker's classic builder, the engine's, refuses them ("the --chmod option
+    requires BuildKit"). --chown and --from it has."""
+    dockerfile = ("FROM scratch\nCOPY --chmod=755 a.sh /a.sh\nADD --chown=1:1 --chmod=644 a.sh /b.sh\n"
+                  "COPY --chown=1:1 a.sh /c.sh\nRUN sh /a.sh\n")
+    found, context = _image_findings(tmp_path, dockerfile, None, ("a.sh",))
+    where = display_path(context / "Dockerfile")
+    assert found.problems == [
+        f"{where}: line {number}: {keyword} --chmod={mode}: \"the --chmod option requires BuildKit\": "
+        f"{CLASSIC_BUILDER}; drop it and RUN chmod the file after the {keyword}"
+        for number, keyword, mode in ((2, "COPY", 755), (3, "ADD", 644))]
+
+
+def test_a_quoted_or_shifted_double_less_than_is_no_heredoc(tmp_path: Path) -> None:
+    """A << in quotes, in $(( )) or in the exec form was taken for a heredoc: a false problem, and every line after it
+    was read as its body, so a missing COPY further on went unsaid. Only an unquoted word starting with << opens one
+    now."""
+    dockerfile = ("FROM scratch\nRUN printf 'int main(){std::cout << \"hi\";}' > t.cpp\nRUN echo $((1<<N))\n"
+                  "RUN sed -i 's/x << y/z/' f\nRUN echo \"use cat <<EOF\"\nRUN [\"bash\", \"-c\", \"cat <<EOF\"]\n"
+                  "RUN cat <<<word\nCOPY missing.txt /x\nRUN cat 2<<A\nsh packages/a.run\nA\n")
+    found, context = _image_findings(tmp_path, dockerfile)
+    where = display_path(context / "Dockerfile")
+    assert found.problems == [f"{where}: line 9: RUN ... <<A: {NO_HEREDOCS}",
+                              f"{where}: line 8: copies missing.txt, which is not in {display_path(context)}"], \
+        found.problems
 
 
 def test_a_write_to_a_variable_does_not_switch_the_check_off(tmp_path: Path) -> None:
@@ -482,9 +520,7 @@ def test_a_heredoc_fed_to_a_command_is_data_not_shell(tmp_path: Path) -> None:
     found, context = _image_findings(tmp_path, dockerfile)
     where = display_path(context / "Dockerfile")
     assert found.problems == [
-        *(f"{where}: line {number}: RUN ... <<EOF: the engine builds with Docker's classic builder, which has no "
-          "heredocs or --mount (BuildKit's); put what it holds in a file beside the Dockerfile and COPY it (a script: "
-          "then RUN bash it)" for number in (2, 6)),
+        *(f"{where}: line {number}: RUN ... <<EOF: {NO_HEREDOCS}" for number in (2, 6)),
         f"{where}: line 6: names packages/missing.whl, which is not in {display_path(context)} (FlagPerf's packages/ "
         "goes beside the Dockerfile)"], found.problems
 
@@ -722,9 +758,7 @@ def test_the_packages_check_reads_the_commands_as_the_shell_runs_them(tmp_path: 
     script = "#!/bin/sh\nset -e\nVER=1 sudo mkdir -p packages/build\ncd packages/build && ../setup.sh && ./made.sh\n"
     found, context = _image_findings(tmp_path, dockerfile, script, ("packages/setup.sh", "packages/wheels/t.whl"))
     assert found.problems == [
-        f"{display_path(context / 'Dockerfile')}: line 7: RUN ... <<SCRIPT: the engine builds with Docker's classic "
-        "builder, which has no heredocs or --mount (BuildKit's); put what it holds in a file beside the Dockerfile and "
-        "COPY it (a script: then RUN bash it)",
+        f"{display_path(context / 'Dockerfile')}: line 7: RUN ... <<SCRIPT: {NO_HEREDOCS}",
         f"{display_path(context / 'Dockerfile')}: line 5: names missing.run (packages/missing.run after cd packages), "
         f"which is not in {display_path(context)} (FlagPerf's packages/ goes beside the Dockerfile)"], found.problems
     assert found.notes == [], found.notes
@@ -745,8 +779,8 @@ def test_a_dot_file_link_out_of_the_vendor_folder_is_named(tmp_path: Path) -> No
     found = check_vendor_folder(folder, monitor_seconds=1)
     assert [line for line in found.notes if any(name in line for name in dotted)] == [
         f"{display_path(folder)}: pytorch/.token -> ../../../token.txt leads out of the vendor folder, a dot-file "
-        "every round's link scan passes over (no round refuses it): in a round's container, where the folder is at "
-        "another path, it may lead nowhere"], found.notes
+        "or folder every round's link scan passes over (no round refuses it): in a round's container, where the "
+        "folder is at another path, it may lead nowhere"], found.notes
     assert not [line for line in found.problems if ".token" in line], found.problems
     # A dot-folder that is a link out (os.walk lists it among the folders) was said "not scanned" alone; one by an
     # absolute path leads to that path as the container has it.
@@ -754,9 +788,9 @@ def test_a_dot_file_link_out_of_the_vendor_folder_is_named(tmp_path: Path) -> No
     (folder / ".datadir").symlink_to(tmp_path)
     found = check_vendor_folder(folder, monitor_seconds=1)
     assert [line for line in found.notes if any(name in line for name in dotted)] == [
-        f"{display_path(folder)}: .datadir -> {tmp_path} leads out of the vendor folder, a dot-file every round's link "
-        f"scan passes over (no round refuses it): in a round's container it leads to {tmp_path} as the container has "
-        "it"], found.notes
+        f"{display_path(folder)}: .datadir -> {tmp_path} leads out of the vendor folder, a dot-file or folder every "
+        f"round's link scan passes over (no round refuses it): in a round's container it leads to {tmp_path} as the "
+        "container has it"], found.notes
     assert not [line for line in found.problems if ".datadir" in line], found.problems
 
 
@@ -772,8 +806,8 @@ def test_a_name_the_line_tests_for_first_is_a_note_and_words_that_are_no_files_a
     assert found.problems == [f"{where}: line 3: names must.run (packages/must.run after cd packages), which is not "
                               f"in {shown} (FlagPerf's packages/ goes beside the Dockerfile)"], found.problems
     assert found.notes == [f"{where}: line 3: names opt.run (packages/opt.run after cd packages), which is not in "
-                           f"{shown}: the line tests for it first ([ -f ... ]), so the build goes on without it; if it "
-                           "should be installed, FlagPerf's packages/ goes beside the Dockerfile"], found.notes
+                           f"{shown}: the script tests for it first ([ -f ... ]), so the build goes on without it; "
+                           "if it should be installed, FlagPerf's packages/ goes beside the Dockerfile"], found.notes
 
 
 def test_an_install_script_is_run_only_by_a_run_step_naming_it_whole(tmp_path: Path) -> None:
