@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from flagperf.config.memory import DeviceMemory
 from flagperf.config.vendors import load_vendor
 from flagperf.errors import CaseUserError
 from flagperf.operation.config import ACCELERATOR_FLUSH_FLOOR, plan_points
@@ -321,6 +322,17 @@ def test_the_plan_counts_the_flush_buffer_beside_the_largest_point() -> None:
     assert with_flush.bytes == without.bytes + ACCELERATOR_FLUSH_FLOOR
     assert "and the cache flush's 256 MiB buffer: flush_cache: false leaves it out)" in with_flush.what
     assert without.what.endswith("its inputs and output alone)"), without.what
+    # on each host's device: an MI300X's Infinity Cache makes it twice that; where the device is the host's CPU, the
+    # flush (twice its last-level cache) is left to the share kept free, not counted as an accelerator's 256 MiB
+    mi300x = with_flush.on(DeviceMemory(shares_host_memory=False, memory_side_cache_bytes=256 * MIB))
+    assert mi300x.bytes == without.bytes + 512 * MIB and mi300x.keys == without.keys
+    assert ("and the cache flush's 512 MiB buffer (twice the memory-side cache of the vendor's spec table): "
+            "flush_cache: false leaves it out)") in mi300x.what
+    small = with_flush.on(DeviceMemory(shares_host_memory=False, memory_side_cache_bytes=64 * MIB))
+    assert small[:3] == with_flush[:3]  # twice 64 MiB is under the floor
+    host = with_flush.on(DeviceMemory(shares_host_memory=True))
+    assert host.bytes == without.bytes and "alone: the cache flush's buffer, twice the host's last-level" in host.what
+    assert unflushed.memory_need().on(DeviceMemory(shares_host_memory=False)) == without  # nothing to flush
 
 
 def test_the_cpu_flush_and_record_say_their_size_and_threads(cpu_spec: SpecTable) -> None:
