@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from flagperf.config.cases import load_case
-from flagperf.config.memory import USABLE_SHARE, MemoryNeed, memory_need
+from flagperf.config.memory import USABLE_SHARE, DeviceMemory, MemoryNeed, memory_need
 from flagperf.config.plan import CasePlan, RunPlan
 from flagperf.errors import ConfigError
 from flagperf.hosts.health import PROBE_TIMEOUT_S
@@ -52,14 +52,19 @@ def check_scale(plan: RunPlan, hosts: list[str], probes: dict[str, dict[str, Any
 
 def check_memory(plan: RunPlan, hosts: list[str], probes: dict[str, dict[str, Any] | None]) -> None:
     """A case whose configuration tells its memory (a GEMM's operands, a copy's buffers) must fit in the
-    usable share of every host's device memory, as the case itself checks when its round starts."""
+    usable share of every host's device memory, as the case itself checks when its round starts. A need that
+    depends on the device (a cache flush twice a memory-side cache) is taken on each host's, by its probe."""
+    shares_host = plan.vendor.manifest.shares_host_memory
     for case in plan.cases:
-        need = _need(case)
-        if need is None:
+        declared = _need(case)
+        if declared is None:
             continue
         for host in hosts:
             memory = (probes.get(host) or {}).get("device_memory_bytes")
-            if not isinstance(memory, int) or need.bytes <= USABLE_SHARE * memory:
+            if not isinstance(memory, int):
+                continue
+            need = declared.on(DeviceMemory.from_probe(probes.get(host) or {}, shares_host))
+            if need.bytes <= USABLE_SHARE * memory:
                 continue
             # Name the setting the user gave where there is one (--set m=...), else the first size key.
             key = next((k for k in need.keys if case.origins.get(k) == RUN_OVERRIDE_SOURCE), need.keys[0])

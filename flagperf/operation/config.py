@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_core import PydanticCustomError
 
 from flagperf.config.engines import checked_engine_manifest, engine_folders, root_engines
-from flagperf.config.memory import MemoryNeed
+from flagperf.config.memory import DeviceMemory, MemoryNeed
 from flagperf.config.models import HIDDEN_INPUT, KEY_OF_MODEL_ERROR, CaseConfig
 from flagperf.config.vendors import available_vendors
 from flagperf.errors import ConfigError, FlagperfError, validation_message
@@ -55,6 +55,14 @@ DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
 # twice-the-L2 flush's inputs where the vendor does not declare it (flagperf.operation.timer.MEMORY_SIDE_CACHE).
 # Not on the CPU, whose flush (twice its last-level cache) already empties the host's caches.
 ACCELERATOR_FLUSH_FLOOR = 256 * 2**20
+
+
+def flush_floor(memory_side_bytes: int | None) -> tuple[int, str]:
+    """The least an accelerator's cache flush allocates (timer.flush_bytes, its last-level cache not yet known):
+    ACCELERATOR_FLUSH_FLOOR, or twice a memory-side cache where that is more; and why, in words ("" for the floor)."""
+    if memory_side_bytes and 2 * memory_side_bytes > ACCELERATOR_FLUSH_FLOOR:
+        return 2 * memory_side_bytes, " (twice the memory-side cache of the vendor's spec table)"
+    return ACCELERATOR_FLUSH_FLOOR, ""
 
 
 @dataclass(frozen=True)
@@ -290,8 +298,10 @@ class OperationConfig(CaseConfig):
         host's memory, by a host that swaps. The CPU's rewarm after each flush (a copy of the inputs and the
         output it holds) is not counted: the round leaves it out where it does not fit (driver.rewarm_fits) and
         says so on the point, so that the plan never refuses a shape the timing itself can hold. The cache flush's
-        buffer is, at ACCELERATOR_FLUSH_FLOOR (an accelerator's least; a CPU's is twice its last-level cache, of
-        that order): it is allocated for the whole round, beside every point."""
+        buffer, allocated for the whole round beside every point, depends on the device (``on_device``, taken on
+        each host's probe): on an accelerator flush_floor, on a device that is the host's CPU nothing (twice its
+        last-level cache, a few hundred MiB at most, is well within the share kept free); without a device, an
+        accelerator's without a memory-side cache."""
         points = plan_points(self)
         if not points:
             return None
@@ -305,11 +315,19 @@ class OperationConfig(CaseConfig):
         elif 2 * worst.op.allocated_bytes(worst.op.from_model(worst.model, 1, 1), ELEMENT_BYTES[worst.dtype]) > need:
             keys = ("models",)  # the model's own tensor (an embedding table) is most of it: no batch makes it fit
         what = f"{worst.op.name} {shape_label(worst.dims)} in {worst.dtype} ({worst.source}; its inputs and output"
-        if self.flush_cache:
-            return MemoryNeed(need + ACCELERATOR_FLUSH_FLOOR,
-                              f"{what}, and the cache flush's {ACCELERATOR_FLUSH_FLOOR / 2**20:.0f} MiB buffer: "
+        alone = MemoryNeed(need, f"{what} alone)", keys)
+        if not self.flush_cache:
+            return alone
+
+        def on_device(device: DeviceMemory) -> MemoryNeed:
+            if device.shares_host_memory:
+                return alone._replace(what=f"{what} alone: the cache flush's buffer, twice the host's last-level "
+                                           "cache, is left to the share kept free)")
+            flush, why = flush_floor(device.memory_side_cache_bytes)
+            return MemoryNeed(need + flush, f"{what}, and the cache flush's {flush / 2**20:.0f} MiB buffer{why}: "
                               "flush_cache: false leaves it out)", keys)
-        return MemoryNeed(need, f"{what} alone)", keys)
+
+        return on_device(DeviceMemory(shares_host_memory=False))._replace(on_device=on_device)
 
     def tolerance(self, dtype: str) -> dict[str, float]:
         given = self.tolerances.get(dtype)

@@ -701,7 +701,7 @@ def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device:
                      describe_arithmetic(arithmetic.before), arithmetic.started_by)
         for point in planned:
             runner.run(point)
-        arithmetic_statement = arithmetic.statement()
+    arithmetic_statement = arithmetic.statement()  # after the setting is given back: it says where it could not be
     graphs = ("off (cuda_graphs: false)" if not config.cuda_graphs
               else graph_support(device) or "each timed call replayed from a device graph captured once; the "
               "last replay's output is checked as the first call's was")

@@ -5,11 +5,13 @@ to TF32 or bf16 arithmetic with one global setting (``torch.set_float32_matmul_p
 torch 2.9 ``torch.backends.<backend>.matmul.fp32_precision``). Left as found, a native fp32 GEMM run in TF32 fails
 its fp32 tolerance as a "wrong result", a device reference in float32 is computed in TF32, and an implementation
 that switches it makes every later point's native call run in it too. So a round pins it to IEEE ("highest"),
-says so in its record, fails an implementation that changes it (restoring it for the points after) and gives the
-process its setting back at the end."""
+checks that every backend's products then resolve to IEEE (a process-wide ``torch.backends.fp32_precision`` may
+still reach a backend the pin left deferring to it), says so in its record, fails an implementation that changes it
+(restoring it for the points after) and gives the process its setting back at the end."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -17,9 +19,16 @@ from typing import Any
 
 import torch
 
+from flagperf.errors import CaseUserError
+
+log = logging.getLogger(__name__)
 IEEE = "highest"  # torch.set_float32_matmul_precision's name for IEEE fp32 products
 LEGACY = "float32_matmul_precision"  # torch's one global setting, the name it has in a state
 LEGACY_VALUES = ("highest", "high", "medium")
+# a per-backend fp32_precision that defers to the setting above it (the backend's own, then torch.backends'):
+# "none" since torch 2.9, "default" in some versions
+DEFERS = ("none", "default")
+IEEE_VALUES = ("ieee", "highest")
 MIXED = "mixed"  # a setting torch refuses to read: the global one and a per-backend one were set apart and disagree
 # "1" starts torch with TF32 cuBLAS products (NVIDIA's NGC PyTorch images are reported to set it). Since torch 2.0
 # (pytorch#85859) it is the setting's initial value only, which the round's pin replaces like any other; torch reads
@@ -61,22 +70,47 @@ def _observed() -> tuple[dict[str, str], str]:
     return matmul_arithmetic(), _read(lambda: torch.backends.cuda.matmul.allow_tf32)
 
 
+def resolve(chain: list[str]) -> str:
+    """The setting a backend's products run in: the first of its chain (its matmul's fp32_precision, its own, then
+    torch.backends') that does not defer; "none" where all do (torch's default, the legacy global setting's)."""
+    return next((value for value in chain if value not in DEFERS), "none")
+
+
+def _chains() -> dict[str, list[str]]:
+    """Each backend's chain of fp32_precision settings, its matmul's first (resolve)."""
+    generic = str(getattr(torch.backends, "fp32_precision", "none"))
+    return {name: [str(matmul.fp32_precision), str(getattr(getattr(torch.backends, name), "fp32_precision", "none")),
+                   generic] for name, matmul in _backends().items()}
+
+
+def not_ieee(chains: dict[str, list[str]], legacy: str) -> dict[str, str]:
+    """The backends whose products do not resolve to IEEE, with what they resolve to (``legacy``: the global
+    setting, which a chain deferring throughout runs in)."""
+    found = {name: resolve(chain) for name, chain in chains.items()}
+    found = {name: legacy if value in DEFERS else value for name, value in found.items()}
+    return {name: value for name, value in found.items() if value not in IEEE_VALUES}
+
+
 def _set_backends(state: dict[str, str]) -> None:
     for name, matmul in _backends().items():
         if name in state and str(matmul.fp32_precision) != state[name]:
             matmul.fp32_precision = state[name]
 
 
-def set_arithmetic(state: dict[str, str], observed: tuple[dict[str, str], str] | None = None) -> None:
+def set_arithmetic(state: dict[str, str], observed: tuple[dict[str, str], str] | None = None) -> str | None:
     """Put back a setting matmul_arithmetic read (``observed``: _observed's reading with it, which a MIXED global
     setting is found again by): the global setting first, which writes the per-backend ones too, then a per-backend
-    one set apart from it. A global one read as MIXED is the one of LEGACY_VALUES that reads back as observed."""
+    one set apart from it. A global one read as MIXED is the one of LEGACY_VALUES that reads back as observed; where
+    none does, the setting is left at IEEE (never at the last one tried), and a line saying so is returned."""
     legacy = state.get(LEGACY, MIXED)
     for candidate in (legacy,) if legacy != MIXED else LEGACY_VALUES:
         torch.set_float32_matmul_precision(candidate)
         _set_backends(state)
         if observed is None or _observed() == observed:
-            return
+            return None
+    torch.set_float32_matmul_precision(IEEE)  # a known, readable setting, not a mix that reads as none found
+    return (f"the process's setting ({describe(state)}) could not be given back as found: no global setting reads "
+            f"back as it did, so it was left at '{IEEE}' (IEEE fp32) throughout")
 
 
 def describe(state: dict[str, str]) -> str:
@@ -95,8 +129,18 @@ class PinnedArithmetic:
     def __init__(self) -> None:
         self.before_observed = _observed()
         self.before = self.before_observed[0]
+        self.not_restored: str | None = None
         torch.set_float32_matmul_precision(IEEE)  # the global setting and every backend's: none left to disagree
         self.pinned = matmul_arithmetic()
+        chains = _chains()
+        unpinned = not_ieee(chains, _read(torch.get_float32_matmul_precision))
+        if unpinned:
+            self.restore()
+            raise CaseUserError(
+                f"fp32 matrix products are not IEEE fp32 after set_float32_matmul_precision('{IEEE}'): "
+                + ", ".join(f"{name} runs in {value} ({name}.matmul, {name}, torch.backends fp32_precision: "
+                            f"{' / '.join(chains[name])})" for name, value in unpinned.items())
+                + "; leave torch.backends.fp32_precision unset (or 'ieee') in the environment the round runs in")
 
     def changed(self) -> str | None:
         """What the setting was changed to since it was pinned (put back to IEEE), or None."""
@@ -111,7 +155,7 @@ class PinnedArithmetic:
         text = (f"fp32 matrix products in IEEE fp32: torch's fp32 matmul precision pinned to '{IEEE}' for the round "
                 f"({describe(self.pinned)}; the process had {describe(self.before)}), an implementation that changes "
                 "it fails its point")
-        return text + self.started_by
+        return text + self.started_by + (f"; {self.not_restored}" if self.not_restored else "")
 
     @property
     def started_by(self) -> str:
@@ -122,7 +166,11 @@ class PinnedArithmetic:
                 "pinned like any other)")
 
     def restore(self) -> None:
-        set_arithmetic(self.before, self.before_observed)
+        """Gives the process its setting back; where it cannot be found again, the statement (taken after) and the
+        log say so."""
+        self.not_restored = set_arithmetic(self.before, self.before_observed)
+        if self.not_restored:
+            log.warning("fp32 matrix products: %s", self.not_restored)
 
 
 @contextmanager

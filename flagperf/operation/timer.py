@@ -27,14 +27,14 @@ from typing import Any
 
 import torch
 
+# MEMORY_SIDE_CACHE: the spec-table key of a cache on the memory side of the L2 (AMD's Infinity Cache: 256 MiB on an
+# MI300X), which torch does not report: where a vendor declares it, it is the last level the flush is twice of
+from flagperf.config.memory import MEMORY_SIDE_CACHE
 from flagperf.measure.device import device_clock, device_module, synchronize
 from flagperf.operation.config import ACCELERATOR_FLUSH_FLOOR
 from flagperf.results.metrics import percentile
 
 FALLBACK_CACHE_BYTES = 64 * 2**20  # when the device does not say how large its last-level cache is
-# The spec-table key of a cache on the memory side of the L2 (AMD's Infinity Cache: 256 MiB on an MI300X), which
-# torch does not report: where a vendor declares it, it is the last level the flush is twice of.
-MEMORY_SIDE_CACHE = "memory_side_cache"
 CLOCK_FLOOR_SAMPLES = 64  # empty intervals whose median is the clock's floor
 NEAR_FLOOR_SHARE = 0.1  # a floor over 10% of the median: the timer's own cost is a tenth of the figure or more
 MEDIAN_CONFIDENCE = 0.95  # of the median's interval (order statistics)

@@ -77,7 +77,15 @@ def test_types_are_not_coerced(tmp_path: Path) -> None:
 
 def test_an_unknown_peak_is_refused(tmp_path: Path, make_case) -> None:
     manifest = make_case("odd-peak", manifest_extra={"peak": "fp99"}) / "case.yaml"
-    fail("validate", str(manifest), key="unknown peak 'fp99'")
+    line = fail("validate", str(manifest), key="unknown peak 'fp99'")
+    assert "memory_side_cache" not in line  # a device fact is not offered as a peak
+
+
+def test_a_device_fact_is_refused_as_a_peak(tmp_path: Path, make_case) -> None:
+    """memory_side_cache is in the spec table beside the peaks: a cache's size would make no roofline."""
+    manifest = make_case("cache-peak", manifest_extra={"peak": "memory_side_cache"}) / "case.yaml"
+    line = fail("validate", str(manifest), key="peak")
+    assert str(manifest) in line and "'memory_side_cache' is a device fact of the spec table, not a peak" in line
 
 
 def test_an_alias_bomb_is_refused_quickly_without_echo(tmp_path: Path) -> None:

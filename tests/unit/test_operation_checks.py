@@ -1009,6 +1009,26 @@ def test_the_shape_set_through_set_and_the_hosts_memory_check() -> None:
         "needs 12.25 GiB, more than 80% of the 8.00 GiB on host gpu1"), \
         info.value
     check_capacity(plan, ["gpu1"], {"gpu1": {**probe, "device_memory_bytes": 141 * 2**30}})
+    # the flush is taken on each host's device: twice a memory-side cache its probe's spec table declares (an
+    # MI300X's 256 MiB Infinity Cache) where that is more than 256 MiB; 12.25 GiB fits in 80% of 15.35 GiB, 12.5 not
+    near = int(15.35 * 2**30)
+    check_capacity(plan, ["gpu1"], {"gpu1": {**probe, "device_memory_bytes": near}})
+    side = {"memory_side_cache": {"value": 256.0, "unit": "MiB", "source": "the datasheet"}}
+    with pytest.raises(ConfigError) as info:
+        check_capacity(plan, ["gpu1"], {"gpu1": {**probe, "device_memory_bytes": near, "peaks": side}})
+    assert ("and the cache flush's 512 MiB buffer (twice the memory-side cache of the vendor's spec table): "
+            "flush_cache: false leaves it out) needs 12.50 GiB") in str(info.value), info.value
+    # where the device is the host's CPU, its flush (twice the last-level cache) is not an accelerator's 256 MiB:
+    # 12 GiB of inputs and output fit in 80% of 15.05 GiB
+    cpu_plan = plan_run(cases=["op-elementwise"], vendor="cpu", results_dir="/nonexistent-results",
+                        sets=["shape_sets=[flaggems-core]", "models=[]", "dtypes=[fp32]",
+                              "op-elementwise.operators=[add]"])
+    cpu_probe = {"device_visible": True, "device_count": 1, "device_memory_bytes": int(15.05 * 2**30)}
+    check_capacity(cpu_plan, ["cpu1"], {"cpu1": cpu_probe})
+    with pytest.raises(ConfigError) as info:
+        check_capacity(cpu_plan, ["cpu1"], {"cpu1": {**cpu_probe, "device_memory_bytes": 14 * 2**30}})
+    assert "its inputs and output alone: the cache flush's buffer, twice the host's last-level cache, is left to " \
+        "the share kept free) needs 12.00 GiB" in str(info.value), info.value
     with pytest.raises(ConfigError, match="unknown shape set 'core'"):
         plan_run(cases=["op-elementwise"], vendor="nvidia", results_dir="/nonexistent-results",
                  sets=["shape_sets=[core]"])

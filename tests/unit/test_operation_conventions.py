@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from flagperf.config.memory import DeviceMemory
 from flagperf.config.vendors import load_vendor
 from flagperf.errors import CaseUserError
 from flagperf.operation.config import ACCELERATOR_FLUSH_FLOOR, plan_points
@@ -29,6 +30,7 @@ from flagperf.operation.precision import (
     cublas_override,
     ieee_matmuls,
     matmul_arithmetic,
+    not_ieee,
 )
 from flagperf.operation.timer import MEMORY_SIDE_CACHE, CacheFlush, flush_bytes, flush_description
 from flagperf.results.schema import Peak, SpecTable
@@ -173,6 +175,78 @@ def test_every_setting_comes_back_as_found_whatever_an_implementation_switched(f
             assert _everything_readable() == fresh
 
 
+@pytest.fixture
+def generic_tf32() -> Iterator[None]:
+    """torch.backends.fp32_precision (the process-wide setting since torch 2.9) set to TF32, put back after."""
+    if not hasattr(torch.backends, "fp32_precision"):
+        pytest.skip("torch before the process-wide fp32_precision")
+    before = torch.backends.fp32_precision
+    torch.backends.fp32_precision = "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.fp32_precision = before
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cuda.matmul.fp32_precision = torch.backends.mkldnn.matmul.fp32_precision = "none"
+
+
+def test_a_process_wide_tf32_setting_is_pinned_and_read_back(generic_tf32: None, cpu_spec: SpecTable) -> None:
+    """This torch writes IEEE to every backend when pinned, so the process-wide TF32 reaches none: the round runs,
+    and gives the process its TF32 setting back."""
+    found = matmul_arithmetic()
+    outcome = run_operation(config(operators=["mm"]), "cpu", cpu_spec, CPU)
+    assert [p.status for p in outcome.report.points] == ["passed"]
+    assert "(cuda ieee, mkldnn ieee, float32_matmul_precision highest;" in outcome.report.timing
+    assert torch.backends.fp32_precision == "tf32" and matmul_arithmetic() == found
+
+
+def test_a_pin_a_backend_defers_through_to_tf32_fails_the_round_in_one_line(
+        generic_tf32: None, cpu_spec: SpecTable, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch whose set_float32_matmul_precision('highest') leaves the per-backend settings deferring ("none") to
+    the process-wide one: what this torch does, then the per-backend settings written as such a torch writes them."""
+    found = matmul_arithmetic()
+    real = torch.set_float32_matmul_precision
+
+    def deferring(value: str) -> None:
+        real(value)
+        if value == IEEE:
+            torch.backends.cuda.matmul.fp32_precision = torch.backends.mkldnn.matmul.fp32_precision = "none"
+
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", deferring)
+    with pytest.raises(CaseUserError) as info:
+        run_operation(config(operators=["mm"]), "cpu", cpu_spec, CPU)
+    line = str(info.value)
+    assert "\n" not in line and line.startswith("fp32 matrix products are not IEEE fp32 after "), line
+    # as this torch reads them: a deferring setting reads as the one it defers to
+    assert "cuda runs in tf32 (cuda.matmul, cuda, torch.backends fp32_precision: tf32 / none / tf32)" in line
+    assert "mkldnn runs in tf32" in line and len(line) < 520
+    monkeypatch.undo()
+    assert matmul_arithmetic() == found  # given back before the round failed
+
+
+def test_the_resolution_of_a_deferring_setting() -> None:
+    assert not_ieee({"cuda": ["none", "none", "tf32"], "mkldnn": ["ieee", "bf16", "tf32"]}, "highest") == {
+        "cuda": "tf32"}
+    assert not_ieee({"mkldnn": ["default", "bf16", "none"]}, "highest") == {"mkldnn": "bf16"}
+    assert not_ieee({"cuda": ["none", "none", "none"]}, "highest") == {}  # torch's default: the global setting's
+    assert not_ieee({"cuda": ["none", "none", "none"]}, "high") == {"cuda": "high"}
+
+
+def test_a_setting_none_reproduces_is_left_at_ieee_and_the_record_says_so(fresh_setting: None) -> None:
+    torch.set_float32_matmul_precision("medium")
+    pinned = PinnedArithmetic()
+    found = pinned.before_observed
+    pinned.before_observed = (found[0], "a reading no global setting gives back")
+    pinned.restore()
+    assert matmul_arithmetic() == pinned.pinned  # IEEE throughout, not the last one tried ("medium")
+    assert pinned.not_restored and "could not be given back as found" in pinned.not_restored
+    assert pinned.statement().endswith(f"so it was left at '{IEEE}' (IEEE fp32) throughout")
+    pinned.before_observed = found
+    pinned.restore()  # ... and where one does, nothing to say
+    assert pinned.not_restored is None and pinned.statement().endswith("fails its point")
+    assert torch.get_float32_matmul_precision() == "medium"
+
+
 _OVERRIDDEN_START = """
 import torch
 from flagperf.operation.precision import ieee_matmuls
@@ -248,6 +322,17 @@ def test_the_plan_counts_the_flush_buffer_beside_the_largest_point() -> None:
     assert with_flush.bytes == without.bytes + ACCELERATOR_FLUSH_FLOOR
     assert "and the cache flush's 256 MiB buffer: flush_cache: false leaves it out)" in with_flush.what
     assert without.what.endswith("its inputs and output alone)"), without.what
+    # on each host's device: an MI300X's Infinity Cache makes it twice that; where the device is the host's CPU, the
+    # flush (twice its last-level cache) is left to the share kept free, not counted as an accelerator's 256 MiB
+    mi300x = with_flush.on(DeviceMemory(shares_host_memory=False, memory_side_cache_bytes=256 * MIB))
+    assert mi300x.bytes == without.bytes + 512 * MIB and mi300x.keys == without.keys
+    assert ("and the cache flush's 512 MiB buffer (twice the memory-side cache of the vendor's spec table): "
+            "flush_cache: false leaves it out)") in mi300x.what
+    small = with_flush.on(DeviceMemory(shares_host_memory=False, memory_side_cache_bytes=64 * MIB))
+    assert small[:3] == with_flush[:3]  # twice 64 MiB is under the floor
+    host = with_flush.on(DeviceMemory(shares_host_memory=True))
+    assert host.bytes == without.bytes and "alone: the cache flush's buffer, twice the host's last-level" in host.what
+    assert unflushed.memory_need().on(DeviceMemory(shares_host_memory=False)) == without  # nothing to flush
 
 
 def test_the_cpu_flush_and_record_say_their_size_and_threads(cpu_spec: SpecTable) -> None:
