@@ -474,15 +474,19 @@ def test_the_diagnosis_fails_the_device_its_health_reading_shows(tmp_path: Path)
            "NVML unavailable: NVMLError_DriverNotLoaded) |" in markdown, markdown
 
 
+def measured_rounds(run: Path, devices: list[dict[str, Any]]) -> None:
+    """Hosts h1, h2 and h4 each measured the two devices ``devices`` names (their NVML monitor's header)."""
+    header = {"type": "header", "monitor": "nvml", "interval_s": 1.0, "started_at": 99.0, "devices": devices}
+    sample = {"type": "sample", "t": 105.0, "devices": [{"index": d["index"]} for d in devices]}
+    for host in ("h1", "h2", "h4"):
+        put_round(run, host, FLEET[host], monitor=[header, sample])
+
+
 def test_devices_are_matched_by_uuid_where_the_rounds_name_them(tmp_path: Path) -> None:
     """The rounds measured the host's GPUs 4 and 5 (visible devices narrowed) as their devices 0 and 1: the
     reading's GPU 5, x8, is the rounds' device 1 by its UUID, not the rounds' device 5."""
     run = tmp_path / "run1"
-    header = {"type": "header", "monitor": "nvml", "interval_s": 1.0, "started_at": 99.0,
-              "devices": [{"index": 0, "uuid": "GPU-4"}, {"index": 1, "uuid": "GPU-5"}]}
-    sample = {"type": "sample", "t": 105.0, "devices": [{"index": 0}, {"index": 1}]}
-    for host in ("h1", "h2", "h4"):
-        put_round(run, host, FLEET[host], monitor=[header, sample])
+    measured_rounds(run, [{"index": 0, "uuid": "GPU-4"}, {"index": 1, "uuid": "GPU-5"}])
     put_health(run, "h2", reading(*[NVIDIA_HEALTH.device_reading(raw(i, pcie_link_width=8 if i == 5 else 16))
                                     for i in range(8)]))
     found = diagnose(run, summarize(run).rows, health_rules("pcie-link-width"))
@@ -495,11 +499,7 @@ def test_a_serial_number_is_no_uuid_to_match_by(tmp_path: Path) -> None:
     """The monitor read the GPUs' serial numbers but not their UUIDs: a serial in device_uuid matched no reading and
     left every device "not measured". No UUID: matched by index, and said so."""
     run = tmp_path / "run1"
-    header = {"type": "header", "monitor": "nvml", "interval_s": 1.0, "started_at": 99.0,
-              "devices": [{"index": 0, "serial": "1650"}, {"index": 1, "serial": "1651"}]}
-    sample = {"type": "sample", "t": 105.0, "devices": [{"index": 0}, {"index": 1}]}
-    for host in ("h1", "h2", "h4"):
-        put_round(run, host, FLEET[host], monitor=[header, sample])
+    measured_rounds(run, [{"index": 0, "serial": "1650"}, {"index": 1, "serial": "1651"}])
     put_health(run, "h2", reading(*[NVIDIA_HEALTH.device_reading(raw(i, pcie_link_width=8 if i == 1 else 16))
                                     for i in range(2)]))
     summary = summarize(run)
@@ -514,11 +514,7 @@ def test_a_reading_without_a_uuid_is_never_matched_by_index_where_the_rounds_nam
     and GPU 3 is another job's (not read). Matching GPU 1 by index blamed the healthy GPU-5: it goes on the host,
     not measured, and the not-read GPU 3 adds no unknown there."""
     run = tmp_path / "run1"
-    header = {"type": "header", "monitor": "nvml", "interval_s": 1.0, "started_at": 99.0,
-              "devices": [{"index": 0, "uuid": "GPU-4"}, {"index": 1, "uuid": "GPU-5"}]}
-    sample = {"type": "sample", "t": 105.0, "devices": [{"index": 0}, {"index": 1}]}
-    for host in ("h1", "h2", "h4"):
-        put_round(run, host, FLEET[host], monitor=[header, sample])
+    measured_rounds(run, [{"index": 0, "uuid": "GPU-4"}, {"index": 1, "uuid": "GPU-5"}])
     devices = [NVIDIA_HEALTH.device_reading(raw(i)) for i in range(8)]
     devices[1] = NVIDIA_HEALTH.unreachable_reading(1, "NVMLError_GpuIsLost: GPU is lost")
     devices[3] = NVIDIA_HEALTH.not_opened_reading(3, "NVMLError_NoPermission: Insufficient Permissions")

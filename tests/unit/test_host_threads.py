@@ -947,24 +947,35 @@ def test_a_dispatched_runs_timeout_while_the_server_does_not_answer_fails_the_ho
     assert said[0].getMessage().startswith("host far: the Prefect server has not answered for 60 s (ConnectError")
 
 
-def test_a_server_that_answers_again_is_said_once_and_the_wait_goes_on(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """The Prefect server is silent for two minutes while a host's run runs, then answers: one warning when the
-    silence passed a minute, one line when it answers again, and the wait ends with the run's end."""
+def running_then_done(monkeypatch: pytest.MonkeyPatch, step_s: float) -> tuple[Any, ...]:
+    """A wait on host far's dispatched run under a LookClock of ``step_s``: the clock, the host, the run's id, and the
+    run read Running and read Completed."""
     import uuid
 
-    import httpx
     from prefect.client.schemas.objects import FlowRun
     from prefect.states import Completed, Running
 
     from flows import evaluate
 
-    clock = LookClock(step_s=10)
+    clock = LookClock(step_s=step_s)
     monkeypatch.setattr(evaluate, "time", clock)
     run_id = uuid.uuid4()
     spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {}})
     running, done = (FlowRun(id=run_id, name="quiet-fox", flow_id=uuid.uuid4(), state=state)
                      for state in (Running(), Completed()))
+    return clock, spec, run_id, running, done
+
+
+def test_a_server_that_answers_again_is_said_once_and_the_wait_goes_on(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The Prefect server is silent for two minutes while a host's run runs, then answers: one warning when the
+    silence passed a minute, one line when it answers again, and the wait ends with the run's end."""
+
+    import httpx
+
+    from flows import evaluate
+
+    clock, spec, run_id, running, done = running_then_done(monkeypatch, step_s=10)
     silence = [httpx.ConnectError("[Errno 111] Connection refused")] * 12  # 120 s
     client = ReadsCounted(object(), clock, [running, *silence, running, running, done])
     with caplog.at_level(logging.INFO):
@@ -1211,19 +1222,10 @@ def server_error(status: int) -> BaseException:
 def test_server_errors_fewer_than_the_limit_in_a_row_are_waited_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """The Prefect server answers a few looks at a host's run 500 (an overload: its database's connection pool timed
     out), then answers: the wait goes on to the run's end (one 500 cancelled a healthy round)."""
-    import uuid
-
-    from prefect.client.schemas.objects import FlowRun
-    from prefect.states import Completed, Running
 
     from flows import evaluate
 
-    clock = LookClock(step_s=1)
-    monkeypatch.setattr(evaluate, "time", clock)
-    run_id = uuid.uuid4()
-    spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {}})
-    running, done = (FlowRun(id=run_id, name="quiet-fox", flow_id=uuid.uuid4(), state=state)
-                     for state in (Running(), Completed()))
+    clock, spec, run_id, running, done = running_then_done(monkeypatch, step_s=1)
     errors = [server_error(500)] * (evaluate.SERVER_ERRORS_WAITED - 1)
     client = ReadsCounted(object(), clock, [*errors, running, *errors, done])
     assert evaluate._wait_for_agent(client, spec, run_id, "host-round/host-round") is done  # type: ignore[arg-type]
