@@ -590,9 +590,19 @@ def _judge_series(rows: list[Any], baseline_runs: int, min_history: int, sigma: 
     return verdicts
 
 
+# Durations in any unit (inference latencies are in ms) are better lower
+TIME_UNITS = frozenset({"s", "ms", "us", "µs", "ns"})
+# Figures better lower by what they count (the name before a serving point's "@label"): requests that failed, were
+# cut short, came back empty or miscounted; and the requests in flight of an open-loop point, which at its fixed
+# offered rate is the rate x the mean latency (Little's law): fewer in flight is a faster server
+LOWER_IS_BETTER = frozenset({"failed_requests", "failed_fraction", "truncated_requests", "empty_outputs",
+                             "token_count_mismatches", "mean_concurrency", "peak_concurrency"})
+
+
 def higher_is_better(metric: str, unit: str | None) -> bool:
-    """Rates and capacities are better higher; durations (unit s) and losses are better lower."""
-    return not (unit == "s" or "loss" in metric)
+    """Rates and capacities are better higher; durations, losses, failure counts and an open loop's requests in
+    flight are better lower."""
+    return not (unit in TIME_UNITS or "loss" in metric or metric.split("@", 1)[0] in LOWER_IS_BETTER)
 
 
 def _verdict(fig: Any, history: list[float], min_history: int, sigma: float, floor: float) -> Verdict:

@@ -139,6 +139,16 @@ def test_durations_and_losses_regress_upwards(tmp_path: Path) -> None:
     loss = _verdict({"case": "c", "metric": "final_eval_loss", "unit": "", "value": 11.0, "spread_cv": None},
                     history, 3, 3.0, 0.01)
     assert loss.status == "regression"
+    # Inference latencies are in ms; a serving point's failures and (open loop, at its fixed rate) its requests in
+    # flight grow as the server gets worse: each judged a regression upwards, never an improvement.
+    for metric, unit in (("latency_p99", "ms"), ("failed_requests@c4", "requests"), ("failed_fraction@c4", "fraction"),
+                         ("mean_concurrency@r4", "requests"), ("peak_concurrency@r4", "requests")):
+        worse = _verdict({"case": "c", "metric": metric, "unit": unit, "value": 12.0, "spread_cv": None},
+                         history, 3, 3.0, 0.01)
+        assert worse.status == "regression", (metric, worse)
+    served = _verdict({"case": "c", "metric": "output_tokens_per_s@r4", "unit": "tokens/s", "value": 12.0,
+                       "spread_cv": None}, history, 3, 3.0, 0.01)
+    assert served.status == "improvement"
     one_point = _verdict({"case": "c", "metric": "x", "unit": "GB/s", "value": 1.0, "spread_cv": None}, [2.0], 1,
                          3.0, 0.01)
     assert one_point.status == "no-baseline"
