@@ -30,7 +30,15 @@ from typer.core import TyperGroup
 
 # Only what every command needs is imported here: each command imports the rest itself, so that `--help`, `list`
 # and `validate` start without pandas, paramiko or the report's Markdown (bench/cli_startup.py measures it).
-from flagperf.errors import ConfigError, FlagperfError, findings, gathered, left_out_line, redact_userinfo
+from flagperf.errors import (
+    ConfigError,
+    FlagperfError,
+    error_line,
+    findings,
+    gathered,
+    left_out_line,
+    redact_userinfo,
+)
 from flagperf.paths import (
     SERVER_LOGS,
     StartFolderGone,
@@ -435,9 +443,8 @@ def run(
         remove_made(results, made)
         if isinstance(exc, FlagperfError):
             raise _fail_all(exc) from None
-        if isinstance(exc, Exception):
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            raise _fail(f"the evaluation could not run: {type(exc).__name__}: {first}", EXIT_FAILED) from None
+        if isinstance(exc, Exception):  # error_line: a server's error names its URL, a password in it masked
+            raise _fail(f"the evaluation could not run: {error_line(exc)}", EXIT_FAILED) from None
         raise
 
     server: TemporaryServer | None = None
@@ -504,8 +511,7 @@ def run(
         if not (run_dir / PLAN_FILE).is_file():  # the flow had not begun (e.g. the server did not start)
             _release(run_dir, retry)
             remove_made(results, made)
-        first = str(outcome).splitlines()[0] if str(outcome) else ""
-        raise _fail(f"the evaluation could not run: {type(outcome).__name__}: {first}", EXIT_FAILED)
+        raise _fail(f"the evaluation could not run: {error_line(outcome)}", EXIT_FAILED)
     assert state is not None
     if not (run_dir / SUMMARY_JSON).is_file():
         # a state's message names a client's error whole (Prefect's format_exception): a URL's password masked
@@ -917,8 +923,7 @@ def nightly(
             raise
         discard_made()  # what an interrupted night recorded stays: only an empty history or folder goes
         if not interrupt.signals and isinstance(exc, Exception):
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            raise _fail(f"the night could not run: {type(exc).__name__}: {first}", EXIT_FAILED) from None
+            raise _fail(f"the night could not run: {error_line(exc)}", EXIT_FAILED) from None
         # Stopped while it measured: not judged. Once measured: recorded all the same, as the flow says. Once
         # judged and published (a regression: exit 5): that outcome and its exit code stand.
         line, judged_code = interrupted_outcome(night)

@@ -671,11 +671,11 @@ def check_hosts(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPla
                                   "run_dir": str(run_dir), "cases": plan.case_folders})
                 if not state.is_completed():
                     raise InfrastructureFailure(f"host {spec.name}: host-healthcheck ended {state.name}: "
-                                                f"{state.message or ''}")
+                                                f"{redact_userinfo(state.message or '')}")
             else:
                 healthcheck(hosts[name], spec, plan.vendor, run_dir, plan.case_folders)
-        except Exception as exc:
-            return name, None, str(exc) or type(exc).__name__
+        except Exception as exc:  # a client's error names its URL: a password of PREFECT_API_URL masked
+            return name, None, redact_userinfo(str(exc)) or type(exc).__name__
         report = read_json_file(health_file(run_dir, name), what="a host's health report")  # bounded
         return name, report["probe"], None
 

@@ -74,7 +74,7 @@ def stopped_state(exc: BaseException, label: str) -> State[Any]:
     Failed is red; Prefect retries neither flows nor tasks that end Cancelled). Its data is the RoundsStopped, which
     the caller reads back (state.result(raise_on_failure=False)) as it read a Failed state's exception."""
     stopped = exc
-    if isinstance(exc, CaseStopped):  # its whole log is in its case.log: the state keeps the end
+    if isinstance(exc, CaseStopped):  # every line went to the task's log as it came: the state keeps the end
         exc.keep_tail()
     if not isinstance(exc, RoundsStopped):
         stopped = RoundsStopped(f"{label}: stopped ({type(exc).__name__}: {exc})")

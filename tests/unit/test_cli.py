@@ -627,6 +627,31 @@ def test_a_run_id_that_is_taken_is_refused_naming_run_id_also_when_another_run_c
 
 
 
+def test_a_flow_run_that_cannot_be_made_is_said_without_the_urls_password(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restored_process_state: None) -> None:
+    """The server refused to make the flow run (a wrong sign-in: 401): the line said the client's error whole, whose
+    URL held the user and password of PREFECT_API_URL. Now its status alone: nothing of the URL reaches the console
+    or a CI log."""
+    import httpx
+
+    from flows import evaluate
+
+    url = "http://alice:s3cret-pw@127.0.0.1:9/api"
+    monkeypatch.setenv("PREFECT_API_URL", url)
+    request = httpx.Request("POST", f"{url}/flow_runs/")
+
+    def refused(**_: object) -> None:
+        raise httpx.HTTPStatusError(f"Client error '401 Unauthorized' for url '{request.url}'", request=request,
+                                    response=httpx.Response(401, request=request))
+
+    monkeypatch.setattr(evaluate, "evaluate", refused)
+    result = invoke("run", "--cases", "computation-FP32", "--results", str(tmp_path / "results"))
+    assert_clean_failure(result, 1)
+    (line,) = error_lines(result.output)
+    assert line == "error: the evaluation could not run: HTTPStatusError: 401 Unauthorized", result.output
+    assert "s3cret" not in result.output
+
+
 def test_a_run_that_fails_between_its_claim_and_its_flow_gives_its_run_folder_back(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restored_process_state: None) -> None:
     """The run folder is claimed once the input is good; what fails after that and before the run begins (here
