@@ -816,6 +816,7 @@ def unanswering_server(server: str, on_accept: Any = None) -> Iterator[list[obje
         listener.close()
 
 
+@pytest.mark.usefixtures("patient_looks")
 @pytest.mark.parametrize("server", ["closed", "hangs-up"])
 def test_cancelling_a_dispatched_run_at_an_interrupt_with_the_server_down_names_it_in_one_line(
         server: str, caplog: pytest.LogCaptureFixture) -> None:
@@ -838,6 +839,7 @@ def test_cancelling_a_dispatched_run_at_an_interrupt_with_the_server_down_names_
         assert len(accepted) == 1  # one attempt, not the client's retries
 
 
+@pytest.mark.usefixtures("patient_looks")
 def test_a_stop_while_the_server_does_not_answer_ends_the_wait_for_a_dispatched_run_at_its_next_look(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """The Prefect server hangs up on every read of a host's dispatched run, and the run is stopped (Ctrl-C) during
@@ -863,6 +865,16 @@ def test_a_stop_while_the_server_does_not_answer_ends_the_wait_for_a_dispatched_
         HOST_THREADS.reset(token)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and f"could not cancel host-round/host-round run {run_id} on host far" in warnings[0]
+
+
+@pytest.fixture
+def patient_looks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each look at a dispatched run and each cancel waited for as long as a guard allows: the tests' servers answer
+    (refuse, hang up, say busy) at once, and a loaded machine must not turn that answer into "no answer within 5 s"."""
+    from flows import evaluate
+
+    monkeypatch.setattr(evaluate, "POLL_TIMEOUT_S", float(DEADLINE_S))
+    monkeypatch.setattr(evaluate, "CANCEL_DEADLINE_S", float(DEADLINE_S))
 
 
 class LookClock:
@@ -906,6 +918,7 @@ class ReadsCounted:
         return self.client.set_flow_run_state(flow_run_id, state, force=force)
 
 
+@pytest.mark.usefixtures("patient_looks")
 @pytest.mark.parametrize("picked_up", [False, True], ids=["waiting", "running"])
 def test_a_dispatched_runs_timeout_while_the_server_does_not_answer_fails_the_host_in_one_line(
         picked_up: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
@@ -1133,6 +1146,7 @@ def test_a_busy_answer_is_one_request_raised_as_it_comes(status: int, headers: d
     assert asked == [f"/api/flow_runs/{run_id}"], asked
 
 
+@pytest.mark.usefixtures("patient_looks")
 def test_a_stop_while_the_server_is_under_maintenance_ends_the_wait_and_says_the_uncancelled_run(
         caplog: pytest.LogCaptureFixture) -> None:
     """The Prefect server answers every request 503, under maintenance, asking to be asked again in an hour, and the
@@ -1231,6 +1245,7 @@ def test_server_errors_fewer_than_the_limit_in_a_row_are_waited_on(monkeypatch: 
     assert evaluate._wait_for_agent(client, spec, run_id, "host-round/host-round") is done  # type: ignore[arg-type]
 
 
+@pytest.mark.usefixtures("patient_looks")
 def test_a_server_error_on_a_look_fails_the_host_in_one_line_without_the_apis_credentials(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The Prefect server answers looks at a host's run 500, SERVER_ERRORS_WAITED in a row (its own failure, no
