@@ -12,6 +12,7 @@ import shutil
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -145,4 +146,9 @@ def exit_process(code: int) -> NoReturn:
 
 
 if __name__ == "__main__":
-    exit_process(main())
+    try:
+        code = main()
+    except Exception:  # a bug of its own, said as a traceback: still out past a health thread left behind
+        traceback.print_exc()
+        code = 1
+    exit_process(code)
