@@ -959,7 +959,15 @@ def render_warnings(summary: RunSummary) -> list[str]:
     warned = [(e, str(w)) for e in summary.headline for w in e.get("warnings", [])]
     if not warned:
         return []
-    lines = [f"- {e['case']} / {md_text(e['metric'])}: {md_text(w)}" for e, w in warned]
+    # One line per case and warning: a sweep's points that all say the same (the server bundles tokens per chunk)
+    # are named together, not one line each
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for e, w in warned:
+        grouped.setdefault((str(e["case"]), w), [])
+        if str(e["metric"]) not in grouped[str(e["case"]), w]:
+            grouped[str(e["case"]), w].append(str(e["metric"]))
+    lines = [f"- {case} / {', '.join(md_text(m) for m in metrics)}: {md_text(w)}"
+             for (case, w), metrics in grouped.items()]
     steps = dict.fromkeys(next((step for key, step in WARNING_STEPS if key in w), OTHER_WARNING_STEP)
                           for _, w in warned)
     return ["## Warnings", "", *lines, "", "Next steps:", "", *[f"- {step}" for step in steps], ""]

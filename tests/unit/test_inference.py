@@ -1263,6 +1263,11 @@ def test_the_report_lists_the_figures_warnings() -> None:
     lines = render_warnings(summary)
     assert lines[:4] == ["## Warnings", "", "- digits-infer / validation_core: far", ""]
     assert not any("inference_core" in line for line in lines)  # a figure without warnings is not listed
+    # The same warning of several figures of a case (a serving sweep's points) is one line naming them all.
+    summary.headline = [{"case": "serve", "metric": f"itl_s@c{n}", "warnings": ["per chunk"]} for n in (1, 2, 4)]
+    summary.headline.append({"case": "serve", "metric": "ttft_s@c4", "warnings": ["per chunk", "far"]})
+    assert render_warnings(summary)[2:5] == ["- serve / itl_s@c1, itl_s@c2, itl_s@c4, ttft_s@c4: per chunk",
+                                             "- serve / ttft_s@c4: far", ""]
 
 
 # Reused files (exist_onnx_path, exist_compiler_path) are checked against what they were made from --------------
