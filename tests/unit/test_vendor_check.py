@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from flagperf.config.vendors import MANIFEST, Vendor, load_vendor_manifest
+from flagperf.errors import one_line
 from flagperf.hosts.buildsteps import SHLEX_LIMIT, shell_words
 from flagperf.hosts.vendorcheck import Findings, _check_image, check_vendor_folder
 from flagperf.paths import PROJECT_ROOT, display_path
@@ -22,6 +23,12 @@ NO_HEREDOCS = (f"{CLASSIC_BUILDER}, which has no heredocs: an older Docker reads
                "instruction\"), a newer one runs the first line alone and says nothing (RUN <<EOF runs nothing, cat "
                "<<EOF > f writes an empty file); put what it holds in a file beside the Dockerfile and COPY it (a "
                "script: then RUN bash it)")
+
+
+def heredoc_problem(dockerfile: Path, number: int, opened: str) -> str:
+    """vendor check's line for a heredoc at this line of this Dockerfile: NO_HEREDOCS, as every finding is shown, in
+    one line of at most MAX_LINE characters (a deep temporary folder shortens its middle, never what it says to do)."""
+    return one_line(f"line {number}: RUN ... {opened}: {NO_HEREDOCS}", lead=f"{display_path(dockerfile)}:")
 
 
 def flagperf(*args: str) -> subprocess.CompletedProcess[str]:
@@ -485,7 +492,7 @@ def test_a_quoted_or_shifted_double_less_than_is_no_heredoc(tmp_path: Path) -> N
                   "RUN cat <<<word\nCOPY missing.txt /x\nRUN cat 2<<A\nsh packages/a.run\nA\n")
     found, context = _image_findings(tmp_path, dockerfile)
     where = display_path(context / "Dockerfile")
-    assert found.problems == [f"{where}: line 9: RUN ... <<A: {NO_HEREDOCS}",
+    assert found.problems == [heredoc_problem(context / "Dockerfile", 9, "<<A"),
                               f"{where}: line 8: copies missing.txt, which is not in {display_path(context)}"], \
         found.problems
 
@@ -520,7 +527,7 @@ def test_a_heredoc_fed_to_a_command_is_data_not_shell(tmp_path: Path) -> None:
     found, context = _image_findings(tmp_path, dockerfile)
     where = display_path(context / "Dockerfile")
     assert found.problems == [
-        *(f"{where}: line {number}: RUN ... <<EOF: {NO_HEREDOCS}" for number in (2, 6)),
+        *(heredoc_problem(context / "Dockerfile", number, "<<EOF") for number in (2, 6)),
         f"{where}: line 6: names packages/missing.whl, which is not in {display_path(context)} (FlagPerf's packages/ "
         "goes beside the Dockerfile)"], found.problems
 
@@ -758,7 +765,7 @@ def test_the_packages_check_reads_the_commands_as_the_shell_runs_them(tmp_path: 
     script = "#!/bin/sh\nset -e\nVER=1 sudo mkdir -p packages/build\ncd packages/build && ../setup.sh && ./made.sh\n"
     found, context = _image_findings(tmp_path, dockerfile, script, ("packages/setup.sh", "packages/wheels/t.whl"))
     assert found.problems == [
-        f"{display_path(context / 'Dockerfile')}: line 7: RUN ... <<SCRIPT: {NO_HEREDOCS}",
+        heredoc_problem(context / "Dockerfile", 7, "<<SCRIPT"),
         f"{display_path(context / 'Dockerfile')}: line 5: names missing.run (packages/missing.run after cd packages), "
         f"which is not in {display_path(context)} (FlagPerf's packages/ goes beside the Dockerfile)"], found.problems
     assert found.notes == [], found.notes
