@@ -113,7 +113,9 @@ def test_the_ranges_keep_what_is_known_broken_out(package: str) -> None:
 def test_ci_runs_the_readme_tests_with_the_lock_and_the_server_path_with_the_newest_in_range() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
-    test_command = 'pip install -c constraints.txt -e ".[test]" && ruff check . && python -m pytest'
+    # the unit and the integration tests side by side, each lane in order (tests/conftest.py)
+    test_command = ('pip install -c constraints.txt -e ".[test]" && ruff check . && '
+                    'python -m pytest -n 2 --dist loadgroup')
     assert test_command in readme and test_command in ci
     assert re.search(r"^bash \.ci/newest-in-range\b", ci, re.M)
     newest = (ROOT / ".ci" / "newest-in-range").read_text()
