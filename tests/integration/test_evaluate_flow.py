@@ -326,6 +326,8 @@ def test_training_killed_mid_way_says_where_it_stopped(flagperf_env: Path) -> No
     assert "rank0.out.log: last PerfLog event" in result.failure.message and "epoch(s) begun" in result.failure.message
     assert (folder / "rank0.out.log").is_file()
     assert not monitor_processes(run_dir.name)
+    # this run's workers (their job file lies in its scratch folder): the unit tests beside it train too
     training = [p for p in psutil.process_iter(["cmdline"])
-                if "flagperf.training.worker" in " ".join(p.info["cmdline"] or [])]
+                if "flagperf.training.worker" in " ".join(p.info["cmdline"] or [])
+                and f"/{run_dir.name}/" in " ".join(p.info["cmdline"] or [])]
     assert not training, "a training process outlived its round"
