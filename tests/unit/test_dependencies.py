@@ -113,7 +113,7 @@ def test_the_ranges_keep_what_is_known_broken_out(package: str) -> None:
 def test_ci_runs_the_readme_tests_with_the_lock_and_the_server_path_with_the_newest_in_range() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
-    # the unit and the integration tests side by side, each lane in order (tests/conftest.py)
+    # the unit tests beside the integration tests, in the groups of tests/lanes.py
     test_command = ('pip install -c constraints.txt -e ".[test]" && ruff check . && '
                     'python -m pytest -n 2 --dist loadgroup')
     assert test_command in readme and test_command in ci
