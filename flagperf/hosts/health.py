@@ -16,7 +16,7 @@ from flagperf.config.diagnose import load_rules
 from flagperf.config.vendors import Vendor
 from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
 from flagperf.hosts.docker import engine_client
-from flagperf.hosts.inventory import HostSpec
+from flagperf.hosts.inventory import HostSpec, spec_origin
 from flagperf.hosts.local import Host
 from flagperf.hosts.probe import probe_command
 from flagperf.hosts.slurm import SlurmHost, check_cluster
@@ -46,13 +46,17 @@ class HealthReport:
     host: str
     checks: list[Check]
     probe: dict[str, Any] | None
+    # The inventory's expected_devices against the probe's count: {"expected", "found"} (found: on the host, None
+    # for a docker host, whose images add theirs under "images"); None where the inventory gives no count.
+    device_count: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
         return all(c.ok for c in self.checks)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "ok": self.ok, "checks": [c.__dict__ for c in self.checks], "probe": self.probe}
+        return {"host": self.host, "ok": self.ok, "checks": [c.__dict__ for c in self.checks], "probe": self.probe,
+                **({DEVICE_COUNT: self.device_count} if self.device_count is not None else {})}
 
     def failures(self) -> list[str]:
         return [f"host {self.host}: {c.name}: {c.detail}" for c in self.checks if not c.ok]
@@ -71,6 +75,7 @@ def with_image_probe(probe: dict[str, Any] | None, image_probe: dict[str, Any] |
 
 
 IMAGE_PROBES = "image_probes"  # a health report's probes inside the host's images, by framework
+DEVICE_COUNT = "device_count"  # a health report's expected and found devices (HealthReport.device_count)
 # What a failed round's result takes from a probe (Job.failed_result), each of the type it must be.
 PROBE_FIELDS: dict[str, type | tuple[type, ...]] = {"device": (str, type(None)), "python": str, "libraries": dict,
                                                     "host": dict}
@@ -118,21 +123,25 @@ def round_probe(run_dir: Path, host: str, framework: str | None = None) -> dict[
     return with_image_probe(probe, image_probe)
 
 
-def record_image_probe(run_dir: Path, host: str, framework: str, check: Check, probe: dict[str, Any] | None
-                       ) -> None:
+def record_image_probe(run_dir: Path, host: str, framework: str, check: Check, probe: dict[str, Any] | None,
+                       count: Check | None = None) -> None:
     """Add the check of the probe inside ``host``'s image of ``framework`` to its health report, and the probe
-    under that framework (the rounds of each framework read their own: round_probe). The host's images are probed
-    at once, each in a thread of this process: the report is read, changed and written again by one at a time,
-    or one would write over what another had added."""
+    under that framework (the rounds of each framework read their own: round_probe); ``count``: its device count
+    check (device_count_check), whose count goes under the report's device_count.images. The host's images are
+    probed at once, each in a thread of this process: the report is read, changed and written again by one at a
+    time, or one would write over what another had added."""
     path = health_file(run_dir, host)
     with _REPORT_LOCKS_LOCK:
         lock = _REPORT_LOCKS.setdefault(path, threading.Lock())
     with lock:
         report = read_json_file(path, what="a host's health report") if path.is_file() else {"host": host,
                                                                                             "checks": []}
-        report["checks"].append(check.__dict__)
+        report["checks"] += [c.__dict__ for c in (check, count) if c is not None]
         report["ok"] = all(c["ok"] for c in report["checks"])
         report[IMAGE_PROBES] = {**(report.get(IMAGE_PROBES) or {}), framework: probe}
+        if count is not None and isinstance(report.get(DEVICE_COUNT), dict):
+            counted = report[DEVICE_COUNT]
+            counted["images"] = {**(counted.get("images") or {}), framework: (probe or {}).get("device_count")}
         write_json_atomic(path, report)
 
 
@@ -210,6 +219,9 @@ def check_host(host: Host, spec: HostSpec, vendor: Vendor, log_path: Path,
                                                        "on this host need it"))
         else:
             checks.append(device_check("accelerators", probe, ""))
+            # Counted where the cases run: a docker host's in its images (probe_image), not its own Python's
+            if spec.expected_devices is not None and spec.runtime == "process" and probe["device_visible"]:
+                checks.append(device_count_check(spec, probe, "on the host"))
         checks.append(device_health_check(probe, vendor))
         checks.append(check_clock(host))
     free = host.disk_free(host.work_root)
@@ -217,7 +229,32 @@ def check_host(host: Host, spec: HostSpec, vendor: Vendor, log_path: Path,
                         f"{free / 2**30:.1f} GiB free at {host.work_root} (need {min_free_bytes / 2**30:.1f})"))
     if spec.runtime == "docker":
         checks.append(check_engine(host, spec))
-    return HealthReport(host=host.name, checks=checks, probe=probe)
+    count = None if spec.expected_devices is None else {
+        "expected": spec.expected_devices,
+        "found": probe.get("device_count") if probe is not None and spec.runtime == "process" else None}
+    return HealthReport(host=host.name, checks=checks, probe=probe, device_count=count)
+
+
+def device_count_check(spec: HostSpec, probe: dict[str, Any], where: str) -> Check:
+    """The inventory's expected_devices against the devices the probe found (``where``: "on the host", "in
+    <image>"): a host that lost a device (off the bus, a driver that did not load) or whose visible-devices
+    variable hides some would otherwise measure on fewer, its figures wrong without a word."""
+    expected, found = spec.expected_devices, probe.get("device_count")
+    source, prefix = spec_origin(spec)
+    variables = probe.get("visible_devices") or {}  # absent in a probe of an older deployment
+    narrowed = "".join(f" with {name}={value}" for name, value in variables.items() if value is not None)
+    seen = f"{found} x {probe.get('device') or probe.get('torch_device')} {where}{narrowed}"
+    given = f"expected_devices: {expected} ({source}: {prefix}expected_devices)"
+    if found == expected:
+        return Check("device count", True, f"{seen}, as {given} says")
+    names = " or ".join(variables)
+    if isinstance(found, int) and found > expected:
+        look = "more than expected: correct expected_devices" + (f", or narrow the devices with {names}" if names
+                                                                   else "")
+    else:
+        look = ("fewer than expected: look at the host's devices with the vendor's tool (one off the bus, a driver "
+                "that did not load)" + (f" and at {names}" if names else ""))
+    return Check("device count", False, f"{given}, found {seen}: {look}")
 
 
 def device_health_check(probe: dict[str, Any], vendor: Vendor, name: str = "device health") -> Check:

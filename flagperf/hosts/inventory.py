@@ -206,6 +206,11 @@ class HostSpec(StrictModel):
     env: dict[str, str] = Field(default_factory=dict)
     agent: AgentSpec | None = None
     slurm: SlurmSpec | None = Field(default=None, description="run each round as a Slurm job (flagperf.hosts.slurm)")
+    expected_devices: int | None = Field(
+        default=None, ge=1, description="how many devices this host's rounds must find (a Slurm entry: each node's, "
+        "in its job), as the vendor's probe counts them where the cases run: the host's probe, a docker host's probe "
+        "in its image; another count fails the host's healthcheck. Not for an agent host with runtime: docker (its "
+        "images are not probed) or a vendor with logical_devices (its count is the vendor's)")
     spec_settings: dict[str, Any] = Field(
         default_factory=dict, description="this host's hardware facts for the vendor's spec module (cpu: clock_ghz, "
         "memory_channels, memory_mt_per_s, fma_units_per_core), over the vendor.yaml's key by key; keys the "
@@ -275,6 +280,22 @@ class HostSpec(StrictModel):
     def _visible_env(cls, value: str | None) -> str | None:
         if value is not None and not ENV_NAME.match(value):
             raise ValueError(f"{value!r} is not a variable name")
+        return value
+
+    @field_validator("expected_devices", mode="before")
+    @classmethod
+    def _expected_devices_form(cls, value: Any) -> Any:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError("must be a whole number of devices, at least 1 (e.g. 8)")
+        return value
+
+    @field_validator("expected_devices")
+    @classmethod
+    def _expected_devices_counted(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("runtime") == "docker" and info.data.get("agent") is not None:
+            raise ValueError("an agent host's images are built and run by its own worker, where no probe counts the "
+                             "devices its cases see: leave expected_devices out for this host, or give it runtime: "
+                             "process")
         return value
 
     @field_validator("env")
@@ -413,6 +434,7 @@ class Inventory:
             for spec in self.hosts:
                 check_container_policy(spec, resolved)
         check_spec_settings_keys(self.hosts, name)
+        check_expected_devices(self.hosts, name)
         return name
 
     def host(self, name: str) -> HostSpec:
@@ -431,6 +453,22 @@ def check_spec_settings_keys(hosts: list[HostSpec], vendor: str) -> None:
         for spec in given:
             source, prefix = spec_origin(spec)
             check_host_spec_settings(manifest, spec.spec_settings, source, f"{prefix}spec_settings")
+
+
+def check_expected_devices(hosts: list[HostSpec], vendor: str) -> None:
+    """A host's expected_devices is a count its probe can find: not under a vendor that splits the CPU into
+    logical_devices (its rounds' devices are the vendor.yaml's count, whatever the host has)."""
+    given = [spec for spec in hosts if spec.expected_devices is not None]
+    if not given:
+        return
+    resolved = load_vendor(vendor)
+    logical = resolved.manifest.logical_devices
+    if logical is None:
+        return
+    source, prefix = spec_origin(given[0])
+    raise ConfigError(source, f"{prefix}expected_devices", f"vendor {vendor} splits the host's CPU into "
+                      f"logical_devices: {logical} ({display_path(resolved.folder / VENDOR_MANIFEST)}): its rounds "
+                      "measure that many whatever the host has, so there is no count to check; leave it out")
 
 
 def mask_values(values: dict[str, str]) -> dict[str, str]:
@@ -668,6 +706,7 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
                                str(spec.project_root or PROJECT_ROOT), str(spec.work_root))
     if parsed.vendor is not None:  # also where the file is only validated (flagperf validate)
         check_spec_settings_keys(hosts, parsed.vendor)
+        check_expected_devices(hosts, parsed.vendor)
     return Inventory(hosts=hosts, source=source, vendor=parsed.vendor, master_port=parsed.master_port,
                      endpoints=dict(parsed.endpoints))
 

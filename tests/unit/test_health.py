@@ -187,3 +187,28 @@ def test_an_ssh_host_nothing_answers_on_is_one_plain_line(tmp_path: Path) -> Non
         report = check_host(SshHost(spec), spec, load_vendor("cpu"), tmp_path / "health.log")
     assert [(c.name, c.ok, c.detail) for c in report.checks] == [
         ("ssh", False, f"cannot connect to lab@127.0.0.1:{port}: Connection refused")], report.checks
+
+
+def test_a_host_with_another_device_count_than_its_inventory_says_fails_its_healthcheck(tmp_path: Path) -> None:
+    """expected_devices against the devices the vendor's probe finds on the host (the cpu vendor: one): the same
+    count passes, another fails the host in one line naming the inventory's file and key, both counts and what
+    to look at; the health record keeps both (a host that lost a GPU would otherwise measure on fewer)."""
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("hosts: [{name: one, address: localhost, expected_devices: 1},\n"
+                         "        {name: two, address: localhost, expected_devices: 2}]")
+    vendor = load_vendor("cpu")
+    match, mismatch = (check_host(open_host(spec), spec, vendor, tmp_path / f"{spec.name}.log")
+                       for spec in load_inventory(inventory).hosts)
+    assert match.ok, match.failures()
+    counted = next(c for c in match.checks if c.name == "device count")
+    assert counted.ok and counted.detail.startswith("1 x ") and counted.detail.endswith(
+        f"on the host, as expected_devices: 1 ({display_path(inventory)}: hosts.0.expected_devices) says")
+    assert match.as_dict()["device_count"] == {"expected": 1, "found": 1}
+    assert not mismatch.ok and len(mismatch.failures()) == 1, mismatch.failures()
+    line = mismatch.failures()[0]
+    assert line.startswith(f"host two: device count: expected_devices: 2 ({display_path(inventory)}: "
+                           "hosts.1.expected_devices), found 1 x "), line
+    assert line.endswith("on the host: fewer than expected: look at the host's devices with the vendor's tool (one "
+                         "off the bus, a driver that did not load)"), line
+    assert mismatch.as_dict()["device_count"] == {"expected": 2, "found": 1}
+    assert "\n" not in line
