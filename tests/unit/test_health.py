@@ -212,3 +212,28 @@ def test_a_host_with_another_device_count_than_its_inventory_says_fails_its_heal
                          "off the bus, a driver that did not load)"), line
     assert mismatch.as_dict()["device_count"] == {"expected": 2, "found": 1}
     assert "\n" not in line
+
+
+def test_a_docker_host_s_device_count_is_judged_and_recorded_per_image(tmp_path: Path) -> None:
+    """A docker host's devices are counted by the probe in its image (probe_image): more than expected names the
+    visible-devices variable the probe saw; the record keeps each image's count beside the expected one."""
+    import json
+
+    from flagperf.hosts.health import device_count_check, record_image_probe
+
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("hosts: [{name: h1, address: localhost, runtime: docker, expected_devices: 4}]")
+    spec = load_inventory(inventory).hosts[0]
+    image_probe = {"device_count": 8, "device": "Acme X1", "torch_device": "cuda",
+                   "visible_devices": {"CUDA_VISIBLE_DEVICES": None}}
+    count = device_count_check(spec, image_probe, "in flagperf/acme-pytorch:0123")
+    assert not count.ok and count.detail == (
+        f"expected_devices: 4 ({display_path(inventory)}: hosts.0.expected_devices), found 8 x Acme X1 in "
+        "flagperf/acme-pytorch:0123: more than expected: correct expected_devices, or narrow the devices with "
+        "CUDA_VISIBLE_DEVICES")
+    _report(tmp_path, "h1", '{"host": "h1", "ok": true, "checks": [], "device_count": {"expected": 4, "found": null}}')
+    record_image_probe(tmp_path, "h1", "pytorch", Check("accelerators in image", True, "8 x Acme X1"), image_probe,
+                       count)
+    report = json.loads((tmp_path / "hosts" / "h1.health.json").read_text())
+    assert report["device_count"] == {"expected": 4, "found": None, "images": {"pytorch": 8}} and not report["ok"]
+    assert [c["name"] for c in report["checks"]] == ["accelerators in image", "device count"]
