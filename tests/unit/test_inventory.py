@@ -547,14 +547,22 @@ def test_the_run_vendor_checks_spec_settings_an_inventory_without_vendor_gave(tm
 
 @pytest.mark.parametrize(("body", "key", "message"), [
     ("hosts: [{name: a, address: h, expected_devices: 0}]", "hosts.0.expected_devices",
-     "must be a whole number of devices, at least 1 (e.g. 8) (got 0)"),
+     "must be a whole number of devices, 1 to 1024 (e.g. 8) (got 0)"),
+    ("hosts: [{name: a, address: h, expected_devices: 1025}]", "hosts.0.expected_devices",
+     "must be a whole number of devices, 1 to 1024 (e.g. 8) (got 1025)"),
     ("hosts: [{name: a, address: h, expected_devices: '8'}]", "hosts.0.expected_devices",
-     "must be a whole number of devices, at least 1 (e.g. 8) (got '8')"),
+     "must be a whole number of devices, 1 to 1024 (e.g. 8) (got '8')"),
     ("defaults: {expected_devices: true}\nhosts: [{name: a, address: h}]", "defaults.expected_devices",
-     "must be a whole number of devices, at least 1 (e.g. 8) (got True)"),
+     "must be a whole number of devices, 1 to 1024 (e.g. 8) (got True)"),
     ("defaults: {runtime: docker}\nhosts: [{name: a, address: h, agent: {}, expected_devices: 8}]",
-     "hosts.0.expected_devices", "an agent host's images are built and run by its own worker, where no probe counts "
-     "the devices its cases see"),
+     "hosts.0.expected_devices", "host a is an agent host, whose images are built and run by its own worker, where "
+     "no probe counts the devices its cases see"),
+    # From the defaults: the agent host it reaches is named (the others keep it; null in its entry leaves it out)
+    ("defaults: {runtime: docker, expected_devices: 2}\nhosts: [{name: a, address: h}, {name: b, address: g, "
+     "agent: {}}, {name: c, address: f, agent: {}, expected_devices: null}]", "defaults.expected_devices",
+     "host b is an agent host, whose images are built and run by its own worker, where no probe counts the devices "
+     "its cases see: leave expected_devices out for it (`expected_devices: null` in its entry, where defaults give "
+     "one), or give it runtime: process"),
 ])
 def test_bad_expected_devices_name_the_inventory_and_key(tmp_path: Path, body: str, key: str, message: str) -> None:
     from typer.testing import CliRunner
@@ -584,7 +592,9 @@ def test_expected_devices_is_per_node_of_a_slurm_entry_and_refused_where_the_ven
     assert without.resolve_vendor("cpu") == "cpu"
     for inventory, key in ((without, "hosts.0.expected_devices"), (load_inventory(write(
             tmp_path, "other.yaml", "hosts: [{name: a, address: h}, {name: b, address: g, expected_devices: 2}]")),
-            "hosts.1.expected_devices")):
+            "hosts.1.expected_devices"), (load_inventory(write(
+            tmp_path, "defaults.yaml", "defaults: {expected_devices: 2}\nhosts: [{name: d, address: h}]")),
+            "defaults.expected_devices")):
         with pytest.raises(ConfigError) as info:
             inventory.resolve_vendor("cpu-split")
         assert info.value.key == key and "vendor cpu-split splits the host's CPU into logical_devices: 2" in \
