@@ -96,7 +96,7 @@ def probe_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, image: 
         log_check(logger, host.name, device_health_check(probe, vendor, f"device health in the {image['framework']} "
                                                                         "image"))
     # The devices the cases will see, against the inventory's count: counted here, where they run (check_host)
-    count = device_count_check(spec, probe, f"in {image['tag']}") if check.ok and probe is not None \
+    count = device_count_check(spec, vendor, probe, f"in {image['tag']}") if check.ok and probe is not None \
         and spec.expected_devices is not None else None
     if count is not None:
         log_check(logger, host.name, count)

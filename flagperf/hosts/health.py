@@ -14,14 +14,15 @@ from typing import Any
 
 from flagperf.config.diagnose import load_rules
 from flagperf.config.vendors import Vendor
-from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
+from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure, printable
+from flagperf.hosts.container_policy import PolicyError, parse_container_options
 from flagperf.hosts.docker import engine_client
-from flagperf.hosts.inventory import HostSpec, spec_origin
+from flagperf.hosts.inventory import HostSpec, expected_devices_origin
 from flagperf.hosts.local import Host
 from flagperf.hosts.probe import probe_command
 from flagperf.hosts.slurm import SlurmHost, check_cluster
 from flagperf.hosts.ssh import SshError, SshHost
-from flagperf.paths import display_path
+from flagperf.paths import VENDOR_MANIFEST, display_path
 from flagperf.results.bounded import read_json_file
 from flagperf.results.devicehealth import HEALTH_KEY, checked_reading, health_report_path, summary_line
 from flagperf.results.diagnosis import health_findings
@@ -221,7 +222,7 @@ def check_host(host: Host, spec: HostSpec, vendor: Vendor, log_path: Path,
             checks.append(device_check("accelerators", probe, ""))
             # Counted where the cases run: a docker host's in its images (probe_image), not its own Python's
             if spec.expected_devices is not None and spec.runtime == "process" and probe["device_visible"]:
-                checks.append(device_count_check(spec, probe, "on the host"))
+                checks.append(device_count_check(spec, vendor, probe, "on the host"))
         checks.append(device_health_check(probe, vendor))
         checks.append(check_clock(host))
     free = host.disk_free(host.work_root)
@@ -235,26 +236,61 @@ def check_host(host: Host, spec: HostSpec, vendor: Vendor, log_path: Path,
     return HealthReport(host=host.name, checks=checks, probe=probe, device_count=count)
 
 
-def device_count_check(spec: HostSpec, probe: dict[str, Any], where: str) -> Check:
+def device_count_check(spec: HostSpec, vendor: Vendor, probe: dict[str, Any], where: str) -> Check:
     """The inventory's expected_devices against the devices the probe found (``where``: "on the host", "in
-    <image>"): a host that lost a device (off the bus, a driver that did not load) or whose visible-devices
-    variable hides some would otherwise measure on fewer, its figures wrong without a word."""
+    <image>"): a host that lost a device (off the bus, a driver that did not load) or whose settings hide some
+    would otherwise measure on fewer, its figures wrong without a word. Another count names what narrowed it."""
     expected, found = spec.expected_devices, probe.get("device_count")
-    source, prefix = spec_origin(spec)
-    variables = probe.get("visible_devices") or {}  # absent in a probe of an older deployment
-    narrowed = "".join(f" with {name}={value}" for name, value in variables.items() if value is not None)
-    seen = f"{found} x {probe.get('device') or probe.get('torch_device')} {where}{narrowed}"
-    given = f"expected_devices: {expected} ({source}: {prefix}expected_devices)"
+    source, key = expected_devices_origin(spec)
+    variable = spec.visible_devices_env or vendor.manifest.container.visible_devices_env  # as the runtime sets it
+    value = (probe.get("visible_devices") or {}).get(variable) if variable else None  # absent: an older probe
+    if value is None and variable and spec.runtime == "docker" and spec.visible_devices is not None:
+        value = spec.visible_devices  # a host's own variable name, which the vendor's probe does not read
+    shown = f" with {variable}={printable(str(value))}" if value is not None else ""
+    seen = f"{found} x {probe.get('device') or probe.get('torch_device')} {where}{shown}"
+    given = f"expected_devices: {expected} ({source}: {key})"
     if found == expected:
         return Check("device count", True, f"{seen}, as {given} says")
-    names = " or ".join(variables)
     if isinstance(found, int) and found > expected:
-        look = "more than expected: correct expected_devices" + (f", or narrow the devices with {names}" if names
+        if spec.slurm is not None:
+            narrow: str | None = "slurm.gres"
+        elif spec.runtime == "docker" and variable:
+            narrow = f"visible_devices (it sets {variable})"
+        else:
+            narrow = variable
+        look = "more than expected: correct expected_devices" + (f", or narrow the devices with {narrow}" if narrow
                                                                    else "")
     else:
+        narrowers = count_narrowers(spec, vendor, variable)
         look = ("fewer than expected: look at the host's devices with the vendor's tool (one off the bus, a driver "
-                "that did not load)" + (f" and at {names}" if names else ""))
+                "that did not load)" + (f" and at {', '.join(narrowers)}" if narrowers else ""))
     return Check("device count", False, f"{given}, found {seen}: {look}")
+
+
+def count_narrowers(spec: HostSpec, vendor: Vendor, variable: str | None) -> list[str]:
+    """What narrows the devices a host's cases see, as what to look at: the inventory's keys that are set (a Slurm
+    job's gres; a container's --gpus, else the vendor's device requests), and the visible-devices variable by the
+    key that gives it where one does (as the runtime applies them: visible_devices over -e over env)."""
+    if spec.slurm is not None:  # Slurm gives each job its gres's devices
+        return [f"slurm.gres ({spec.slurm.gres or 'not given'})"]
+    keys: list[str] = []
+    given: str | None = None  # the key that gives the variable
+    if spec.runtime == "docker":
+        try:
+            extras = parse_container_options(spec.docker.extra_options or "", spec.docker.allowed_roots())
+        except PolicyError:  # refused when the inventory was loaded
+            extras = None
+        if extras is not None and extras.gpus is not None:
+            keys.append(f"docker.extra_options (--gpus {extras.gpus})")
+        elif vendor.manifest.container.device_requests:
+            keys.append(f"container.device_requests ({display_path(vendor.folder / VENDOR_MANIFEST)})")
+        if variable and spec.visible_devices is not None:
+            given = f"visible_devices ({spec.visible_devices}, as {variable})"
+        elif extras is not None and variable in extras.env:
+            given = f"docker.extra_options (-e {variable})"
+    if given is None and variable in spec.env:
+        given = f"env.{variable}"
+    return [given or variable, *keys] if variable else keys
 
 
 def device_health_check(probe: dict[str, Any], vendor: Vendor, name: str = "device health") -> Check:
