@@ -101,7 +101,8 @@ def _the_host_s_device_count_is_checked_and_recorded(tmp_path: Path, inventory: 
 def test_the_probe_names_the_visible_devices_variable_its_count_went_through(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe reports the vendor's visible-devices variable as it got it: a count other than expected_devices
-    says it (escaped: one line), and names it as what to look at or narrow the devices with."""
+    says it (escaped: one line), and names it as what to look at or narrow the devices with; a docker host's
+    --gpus and a Slurm entry's gres are named as what narrowed theirs."""
     from flagperf.hosts.probe import probe
     from flagperf.hosts.vendorscaffold import write_vendor_folder
 
@@ -124,6 +125,15 @@ def test_the_probe_names_the_visible_devices_variable_its_count_went_through(
                                              "visible_devices": {"ACME_VISIBLE_DEVICES": "0\n1"}}, "on the host")
     assert more.detail == (f"{given}, found 8 x Acme X1 on the host with ACME_VISIBLE_DEVICES=0\\n1: more than "
                            "expected: correct expected_devices, or narrow the devices with ACME_VISIBLE_DEVICES")
+    # What narrowed a docker host's and a Slurm node's count: their own keys (the probe's variable unset)
+    inventory.write_text(f"hosts: [{{name: d, address: localhost, runtime: docker, expected_devices: 4, docker: "
+                         f"{{extra_options: '--gpus 2'}}}}, {{name: s, project_root: /srv/fp, expected_devices: 4, "
+                         f"slurm: {{gres: 'gpu:4', shared_dir: {tmp_path}}}}}]")
+    unset = {**answer, "device_count": 2, "device": "Acme X1", "visible_devices": {"ACME_VISIBLE_DEVICES": None}}
+    docker, slurm = (device_count_check(spec, vendor, unset, "there").detail.partition("fewer than expected: ")[2]
+                     for spec in load_inventory(inventory).hosts)
+    assert docker.endswith(" and at ACME_VISIBLE_DEVICES, docker.extra_options (--gpus 2)"), docker
+    assert slurm.endswith(" and at slurm.gres (gpu:4)"), slurm
 
 
 def test_a_docker_host_s_count_is_checked_in_its_image_recorded_and_raised(
