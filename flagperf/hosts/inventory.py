@@ -297,10 +297,12 @@ class HostSpec(StrictModel):
     def _expected_devices_counted(cls, value: int | None, info: ValidationInfo) -> int | None:
         if value is not None and info.data.get("runtime") == "docker" and info.data.get("agent") is not None:
             # Named: a value under defaults is refused for each agent host it reaches
-            raise ValueError(f"host {info.data.get('name')} is an agent host, whose images are built and run by its "
-                             "own worker, where no probe counts the devices its cases see: leave expected_devices "
-                             "out for it (`expected_devices: null` in its entry, where defaults give one), or give "
-                             "it runtime: process")
+            name = info.data.get("name")  # absent where the name itself was refused
+            who = f"host {name}" if name else "this host"
+            raise ValueError(f"{who} is an agent host, whose images are built and run by its own worker, where no "
+                             "probe counts the devices its cases see: leave expected_devices out for it "
+                             "(`expected_devices: null` in its entry, where defaults give one), or give it runtime: "
+                             "process")
         return value
 
     @field_validator("env")
