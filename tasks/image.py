@@ -24,6 +24,7 @@ from flagperf.hosts.docker import (
 from flagperf.hosts.fleet import runtime_for
 from flagperf.hosts.health import (
     PROBE_TIMEOUT_S,
+    device_count_check,
     device_health_check,
     image_probe_check,
     log_check,
@@ -94,9 +95,15 @@ def probe_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, image: 
     if probe is not None:  # the reading made where the cases run: a host's own Python may have no NVML binding
         log_check(logger, host.name, device_health_check(probe, vendor, f"device health in the {image['framework']} "
                                                                         "image"))
-    record_image_probe(run_dir, host.name, image["framework"], check, probe)
-    if not check.ok:
-        raise InfrastructureFailure(f"host {host.name}: {check.name}: {check.detail}")
+    # The devices the cases will see, against the inventory's count: counted here, where they run (check_host)
+    count = device_count_check(spec, vendor, probe, f"in {image['tag']}") if check.ok and probe is not None \
+        and spec.expected_devices is not None else None
+    if count is not None:
+        log_check(logger, host.name, count)
+    record_image_probe(run_dir, host.name, image["framework"], check, probe, count)
+    failed = check if not check.ok else count if count is not None and not count.ok else None
+    if failed is not None:
+        raise InfrastructureFailure(f"host {host.name}: {failed.name}: {failed.detail}")
     assert probe is not None
     return probe
 

@@ -14,14 +14,15 @@ from typing import Any
 
 from flagperf.config.diagnose import load_rules
 from flagperf.config.vendors import Vendor
-from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
+from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure, printable
+from flagperf.hosts.container_policy import PolicyError, parse_container_options
 from flagperf.hosts.docker import engine_client
-from flagperf.hosts.inventory import HostSpec
+from flagperf.hosts.inventory import HostSpec, expected_devices_origin
 from flagperf.hosts.local import Host
 from flagperf.hosts.probe import probe_command
 from flagperf.hosts.slurm import SlurmHost, check_cluster
 from flagperf.hosts.ssh import SshError, SshHost
-from flagperf.paths import display_path
+from flagperf.paths import VENDOR_MANIFEST, display_path
 from flagperf.results.bounded import read_json_file
 from flagperf.results.devicehealth import HEALTH_KEY, checked_reading, health_report_path, summary_line
 from flagperf.results.diagnosis import health_findings
@@ -46,13 +47,17 @@ class HealthReport:
     host: str
     checks: list[Check]
     probe: dict[str, Any] | None
+    # The inventory's expected_devices against the probe's count: {"expected", "found"} (found: on the host, None
+    # for a docker host, whose images add theirs under "images"); None where the inventory gives no count.
+    device_count: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
         return all(c.ok for c in self.checks)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "ok": self.ok, "checks": [c.__dict__ for c in self.checks], "probe": self.probe}
+        return {"host": self.host, "ok": self.ok, "checks": [c.__dict__ for c in self.checks], "probe": self.probe,
+                **({DEVICE_COUNT: self.device_count} if self.device_count is not None else {})}
 
     def failures(self) -> list[str]:
         return [f"host {self.host}: {c.name}: {c.detail}" for c in self.checks if not c.ok]
@@ -71,6 +76,7 @@ def with_image_probe(probe: dict[str, Any] | None, image_probe: dict[str, Any] |
 
 
 IMAGE_PROBES = "image_probes"  # a health report's probes inside the host's images, by framework
+DEVICE_COUNT = "device_count"  # a health report's expected and found devices (HealthReport.device_count)
 # What a failed round's result takes from a probe (Job.failed_result), each of the type it must be.
 PROBE_FIELDS: dict[str, type | tuple[type, ...]] = {"device": (str, type(None)), "python": str, "libraries": dict,
                                                     "host": dict}
@@ -118,21 +124,25 @@ def round_probe(run_dir: Path, host: str, framework: str | None = None) -> dict[
     return with_image_probe(probe, image_probe)
 
 
-def record_image_probe(run_dir: Path, host: str, framework: str, check: Check, probe: dict[str, Any] | None
-                       ) -> None:
+def record_image_probe(run_dir: Path, host: str, framework: str, check: Check, probe: dict[str, Any] | None,
+                       count: Check | None = None) -> None:
     """Add the check of the probe inside ``host``'s image of ``framework`` to its health report, and the probe
-    under that framework (the rounds of each framework read their own: round_probe). The host's images are probed
-    at once, each in a thread of this process: the report is read, changed and written again by one at a time,
-    or one would write over what another had added."""
+    under that framework (the rounds of each framework read their own: round_probe); ``count``: its device count
+    check (device_count_check), whose count goes under the report's device_count.images. The host's images are
+    probed at once, each in a thread of this process: the report is read, changed and written again by one at a
+    time, or one would write over what another had added."""
     path = health_file(run_dir, host)
     with _REPORT_LOCKS_LOCK:
         lock = _REPORT_LOCKS.setdefault(path, threading.Lock())
     with lock:
         report = read_json_file(path, what="a host's health report") if path.is_file() else {"host": host,
                                                                                             "checks": []}
-        report["checks"].append(check.__dict__)
+        report["checks"] += [c.__dict__ for c in (check, count) if c is not None]
         report["ok"] = all(c["ok"] for c in report["checks"])
         report[IMAGE_PROBES] = {**(report.get(IMAGE_PROBES) or {}), framework: probe}
+        if count is not None and isinstance(report.get(DEVICE_COUNT), dict):
+            counted = report[DEVICE_COUNT]
+            counted["images"] = {**(counted.get("images") or {}), framework: (probe or {}).get("device_count")}
         write_json_atomic(path, report)
 
 
@@ -210,6 +220,9 @@ def check_host(host: Host, spec: HostSpec, vendor: Vendor, log_path: Path,
                                                        "on this host need it"))
         else:
             checks.append(device_check("accelerators", probe, ""))
+            # Counted where the cases run: a docker host's in its images (probe_image), not its own Python's
+            if spec.expected_devices is not None and spec.runtime == "process" and probe["device_visible"]:
+                checks.append(device_count_check(spec, vendor, probe, "on the host"))
         checks.append(device_health_check(probe, vendor))
         checks.append(check_clock(host))
     free = host.disk_free(host.work_root)
@@ -217,7 +230,67 @@ def check_host(host: Host, spec: HostSpec, vendor: Vendor, log_path: Path,
                         f"{free / 2**30:.1f} GiB free at {host.work_root} (need {min_free_bytes / 2**30:.1f})"))
     if spec.runtime == "docker":
         checks.append(check_engine(host, spec))
-    return HealthReport(host=host.name, checks=checks, probe=probe)
+    count = None if spec.expected_devices is None else {
+        "expected": spec.expected_devices,
+        "found": probe.get("device_count") if probe is not None and spec.runtime == "process" else None}
+    return HealthReport(host=host.name, checks=checks, probe=probe, device_count=count)
+
+
+def device_count_check(spec: HostSpec, vendor: Vendor, probe: dict[str, Any], where: str) -> Check:
+    """The inventory's expected_devices against the devices the probe found (``where``: "on the host", "in
+    <image>"): a host that lost a device (off the bus, a driver that did not load) or whose settings hide some
+    would otherwise measure on fewer, its figures wrong without a word. Another count names what narrowed it."""
+    expected, found = spec.expected_devices, probe.get("device_count")
+    source, key = expected_devices_origin(spec)
+    variable = spec.visible_devices_env or vendor.manifest.container.visible_devices_env  # as the runtime sets it
+    value = (probe.get("visible_devices") or {}).get(variable) if variable else None  # absent: an older probe
+    if value is None and variable and spec.runtime == "docker" and spec.visible_devices is not None:
+        value = spec.visible_devices  # a host's own variable name, which the vendor's probe does not read
+    shown = f" with {variable}={printable(str(value))}" if value is not None else ""
+    seen = f"{found} x {probe.get('device') or probe.get('torch_device')} {where}{shown}"
+    given = f"expected_devices: {expected} ({source}: {key})"
+    if found == expected:
+        return Check("device count", True, f"{seen}, as {given} says")
+    if isinstance(found, int) and found > expected:
+        if spec.slurm is not None:
+            narrow: str | None = "slurm.gres"
+        elif spec.runtime == "docker" and variable:
+            narrow = f"visible_devices (it sets {variable})"
+        else:
+            narrow = variable
+        look = "more than expected: correct expected_devices" + (f", or narrow the devices with {narrow}" if narrow
+                                                                   else "")
+    else:
+        narrowers = count_narrowers(spec, vendor, variable)
+        look = ("fewer than expected: look at the host's devices with the vendor's tool (one off the bus, a driver "
+                "that did not load)" + (f" and at {', '.join(narrowers)}" if narrowers else ""))
+    return Check("device count", False, f"{given}, found {seen}: {look}")
+
+
+def count_narrowers(spec: HostSpec, vendor: Vendor, variable: str | None) -> list[str]:
+    """What narrows the devices a host's cases see, as what to look at: the inventory's keys that are set (a Slurm
+    job's gres; a container's --gpus, else the vendor's device requests), and the visible-devices variable by the
+    key that gives it where one does (as the runtime applies them: visible_devices over -e over env)."""
+    if spec.slurm is not None:  # Slurm gives each job its gres's devices
+        return [f"slurm.gres ({spec.slurm.gres or 'not given'})"]
+    keys: list[str] = []
+    given: str | None = None  # the key that gives the variable
+    if spec.runtime == "docker":
+        try:
+            extras = parse_container_options(spec.docker.extra_options or "", spec.docker.allowed_roots())
+        except PolicyError:  # refused when the inventory was loaded
+            extras = None
+        if extras is not None and extras.gpus is not None:
+            keys.append(f"docker.extra_options (--gpus {extras.gpus})")
+        elif vendor.manifest.container.device_requests:
+            keys.append(f"container.device_requests ({display_path(vendor.folder / VENDOR_MANIFEST)})")
+        if variable and spec.visible_devices is not None:
+            given = f"visible_devices ({spec.visible_devices}, as {variable})"
+        elif extras is not None and variable in extras.env:
+            given = f"docker.extra_options (-e {variable})"
+    if given is None and variable in spec.env:
+        given = f"env.{variable}"
+    return [given or variable, *keys] if variable else keys
 
 
 def device_health_check(probe: dict[str, Any], vendor: Vendor, name: str = "device health") -> Check:

@@ -69,6 +69,7 @@ ADDRESS_CHARACTERS = re.compile(r"[A-Za-z0-9_.:\[\]%-]+")  # no spaces or quotes
 IPV4_LIKE = re.compile(r"[0-9.]+")  # digits and dots only: an IPv4 address or nothing
 VISIBLE_DEVICE = re.compile(r"-?[A-Za-z0-9_][A-Za-z0-9_./:-]{0,127}")  # 0, -1, GPU-<uuid>, MIG-GPU-<uuid>/1/0
 DEFAULT_MASTER_PORT = 29501
+MAX_EXPECTED_DEVICES = 1024  # a host's devices, as FlagPerf's NPROC_PER_NODE allows them
 LOCAL_ADDRESSES = ("local", "localhost", "127.0.0.1")
 
 
@@ -206,6 +207,12 @@ class HostSpec(StrictModel):
     env: dict[str, str] = Field(default_factory=dict)
     agent: AgentSpec | None = None
     slurm: SlurmSpec | None = Field(default=None, description="run each round as a Slurm job (flagperf.hosts.slurm)")
+    expected_devices: int | None = Field(
+        default=None, ge=1, le=MAX_EXPECTED_DEVICES, description="how many devices this host's rounds must find (a "
+        "Slurm entry: each node's, in its job), as the vendor's probe counts them where the cases run: the host's "
+        "probe, a docker host's probe in its image; another count fails the host's healthcheck. Not for an agent "
+        "host with runtime: docker (its images are not probed) or a vendor with logical_devices (its count is the "
+        "vendor's); null in a host's entry leaves out the one under defaults")
     spec_settings: dict[str, Any] = Field(
         default_factory=dict, description="this host's hardware facts for the vendor's spec module (cpu: clock_ghz, "
         "memory_channels, memory_mt_per_s, fma_units_per_core), over the vendor.yaml's key by key; keys the "
@@ -275,6 +282,27 @@ class HostSpec(StrictModel):
     def _visible_env(cls, value: str | None) -> str | None:
         if value is not None and not ENV_NAME.match(value):
             raise ValueError(f"{value!r} is not a variable name")
+        return value
+
+    @field_validator("expected_devices", mode="before")
+    @classmethod
+    def _expected_devices_form(cls, value: Any) -> Any:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 1 <= value <= MAX_EXPECTED_DEVICES):
+            raise ValueError(f"must be a whole number of devices, 1 to {MAX_EXPECTED_DEVICES} (e.g. 8)")
+        return value
+
+    @field_validator("expected_devices")
+    @classmethod
+    def _expected_devices_counted(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("runtime") == "docker" and info.data.get("agent") is not None:
+            # Named: a value under defaults is refused for each agent host it reaches
+            name = info.data.get("name")  # absent where the name itself was refused
+            who = f"host {name}" if name else "this host"
+            raise ValueError(f"{who} is an agent host, whose images are built and run by its own worker, where no "
+                             "probe counts the devices its cases see: leave expected_devices out for it "
+                             "(`expected_devices: null` in its entry, where defaults give one), or give it runtime: "
+                             "process")
         return value
 
     @field_validator("env")
@@ -413,6 +441,7 @@ class Inventory:
             for spec in self.hosts:
                 check_container_policy(spec, resolved)
         check_spec_settings_keys(self.hosts, name)
+        check_expected_devices(self.hosts, name)
         return name
 
     def host(self, name: str) -> HostSpec:
@@ -431,6 +460,22 @@ def check_spec_settings_keys(hosts: list[HostSpec], vendor: str) -> None:
         for spec in given:
             source, prefix = spec_origin(spec)
             check_host_spec_settings(manifest, spec.spec_settings, source, f"{prefix}spec_settings")
+
+
+def check_expected_devices(hosts: list[HostSpec], vendor: str) -> None:
+    """A host's expected_devices is a count its probe can find: not under a vendor that splits the CPU into
+    logical_devices (its rounds' devices are the vendor.yaml's count, whatever the host has)."""
+    given = [spec for spec in hosts if spec.expected_devices is not None]
+    if not given:
+        return
+    resolved = load_vendor(vendor)
+    logical = resolved.manifest.logical_devices
+    if logical is None:
+        return
+    source, key = expected_devices_origin(given[0])
+    raise ConfigError(source, key, f"vendor {vendor} splits the host's CPU into "
+                      f"logical_devices: {logical} ({display_path(resolved.folder / VENDOR_MANIFEST)}): its rounds "
+                      "measure that many whatever the host has, so there is no count to check; leave it out")
 
 
 def mask_values(values: dict[str, str]) -> dict[str, str]:
@@ -474,6 +519,17 @@ _ORIGINS: dict[str, tuple[str, str]] = {}
 def spec_origin(spec: HostSpec) -> tuple[str, str]:
     """(the inventory file, "hosts.<i>.") a spec was loaded from; (host <name>, "") when not in this process."""
     return _ORIGINS.get(spec.model_dump_json(), (f"host {spec.name}", ""))
+
+
+# Where each of those specs' expected_devices was written (hosts.<i>.expected_devices or defaults.expected_devices):
+# a count found wrong on the host names the line to change.
+_COUNT_KEYS: dict[str, str] = {}
+
+
+def expected_devices_origin(spec: HostSpec) -> tuple[str, str]:
+    """(the inventory file, the key) a spec's expected_devices was written at, as spec_origin."""
+    source, prefix = spec_origin(spec)
+    return source, _COUNT_KEYS.get(spec.model_dump_json(), f"{prefix}expected_devices")
 
 
 def check_container_policy(spec: HostSpec, vendor: Vendor) -> None:
@@ -658,6 +714,7 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
                     raise ConfigError(source, f"hosts.{i}.{exc.key}", exc.message) from None
         _LOADED[spec.model_dump_json()] = spec
         _ORIGINS[spec.model_dump_json()] = (source, f"hosts.{i}.")
+        _COUNT_KEYS[spec.model_dump_json()] = _entry_key("expected_devices", parsed.hosts[i], parsed.defaults, i)
         if spec.runtime == "docker" and spec.work_root is not None:
             # Where its mounts go and what they may write, as container_settings checks them, so that `flagperf
             # validate` and a run's start refuse them, not a round once the image is built (a work root the entry
@@ -668,6 +725,7 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
                                str(spec.project_root or PROJECT_ROOT), str(spec.work_root))
     if parsed.vendor is not None:  # also where the file is only validated (flagperf validate)
         check_spec_settings_keys(hosts, parsed.vendor)
+        check_expected_devices(hosts, parsed.vendor)
     return Inventory(hosts=hosts, source=source, vendor=parsed.vendor, master_port=parsed.master_port,
                      endpoints=dict(parsed.endpoints))
 

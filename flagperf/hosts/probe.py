@@ -40,6 +40,7 @@ def probe(vendor_name: str, settings: HostSpecSettings | None = None) -> dict[st
     """settings: the inventory's spec_settings for this host, over the vendor's (as a round's job gives them)."""
     vendor = load_vendor(vendor_name).with_host_settings(settings)
     device_type = vendor.manifest.torch_device
+    visible_env = vendor.manifest.container.visible_devices_env
     answer: dict[str, object] = {
         "engine_version": __version__,
         "python": sys.version.split()[0],
@@ -53,6 +54,8 @@ def probe(vendor_name: str, settings: HostSpecSettings | None = None) -> dict[st
         "device_memory_bytes": None,
         "device": None,
         "peaks": {},
+        # The vendor's visible-devices variable as this process got it (unset: None): what narrowed device_count.
+        "visible_devices": {visible_env: os.environ.get(visible_env)} if visible_env else {},
     }
     # Before torch: a container host without torch reads its devices' health all the same (vendor's NVML etc.). A
     # vendor without a health module reads none: the key is left out (no reading, not an unknown one).

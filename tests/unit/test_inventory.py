@@ -543,3 +543,62 @@ def test_the_run_vendor_checks_spec_settings_an_inventory_without_vendor_gave(tm
     assert inv.resolve_vendor("cpu") == "cpu"
     with pytest.raises(ConfigError, match=r"inv.yaml: hosts.0.spec_settings.clock_ghz: vendor nvidia reads no "):
         inv.resolve_vendor("nvidia")
+
+
+@pytest.mark.parametrize(("body", "key", "message"), [
+    ("hosts: [{name: a, address: h, expected_devices: 0}]", "hosts.0.expected_devices",
+     "must be a whole number of devices, 1 to 1024 (e.g. 8) (got 0)"),
+    ("hosts: [{name: a, address: h, expected_devices: 1025}]", "hosts.0.expected_devices",
+     "must be a whole number of devices, 1 to 1024 (e.g. 8) (got 1025)"),
+    ("hosts: [{name: a, address: h, expected_devices: '8'}]", "hosts.0.expected_devices",
+     "must be a whole number of devices, 1 to 1024 (e.g. 8) (got '8')"),
+    ("defaults: {expected_devices: true}\nhosts: [{name: a, address: h}]", "defaults.expected_devices",
+     "must be a whole number of devices, 1 to 1024 (e.g. 8) (got True)"),
+    ("defaults: {runtime: docker}\nhosts: [{name: a, address: h, agent: {}, expected_devices: 8}]",
+     "hosts.0.expected_devices", "host a is an agent host, whose images are built and run by its own worker, where "
+     "no probe counts the devices its cases see"),
+    # From the defaults: the agent host it reaches is named (the others keep it; null in its entry leaves it out)
+    ("defaults: {runtime: docker, expected_devices: 2}\nhosts: [{name: a, address: h}, {name: b, address: g, "
+     "agent: {}}, {name: c, address: f, agent: {}, expected_devices: null}]", "defaults.expected_devices",
+     "host b is an agent host, whose images are built and run by its own worker, where no probe counts the devices "
+     "its cases see: leave expected_devices out for it (`expected_devices: null` in its entry, where defaults give "
+     "one), or give it runtime: process"),
+])
+def test_bad_expected_devices_name_the_inventory_and_key(tmp_path: Path, body: str, key: str, message: str) -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    path = write(tmp_path, "inv.yaml", body)
+    with pytest.raises(ConfigError) as info:
+        load_inventory(path)
+    assert info.value.key == key and message in info.value.message, str(info.value)
+    assert str(info.value).startswith(f"{display_path(path)}: {key}: ") and "\n" not in str(info.value)
+    outcome = CliRunner().invoke(app, ["validate", str(path)])  # `flagperf validate` says the same, in one line
+    assert outcome.exit_code != 0 and f"{key}: {message}" in outcome.output and "Traceback" not in outcome.output
+
+
+def test_expected_devices_is_per_node_of_a_slurm_entry_and_refused_where_the_vendor_fixes_the_count(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Slurm entry's count is each node's (each slot's probe job counts its own node's); a vendor that splits the
+    CPU into logical_devices has no count a probe could find: refused, by `flagperf validate` when the inventory
+    names the vendor, else when the run's vendor is known."""
+    shared = tmp_path / "shared"
+    inv = load_inventory(write(tmp_path, "slurm.yaml", "hosts: [{name: c, expected_devices: 8, project_root: /srv/fp, "
+                                                       f"slurm: {{nodes: 2, gres: 'gpu:8', shared_dir: {shared}}}}}]"))
+    assert [(h.name, h.expected_devices) for h in inv.hosts] == [("c-1", 8), ("c-2", 8)]
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(Path(__file__).resolve().parents[1] / "fixtures" / "vendors"))
+    without = load_inventory(write(tmp_path, "split.yaml", "hosts: [{name: a, address: h, expected_devices: 2}]"))
+    assert without.resolve_vendor("cpu") == "cpu"
+    for inventory, key in ((without, "hosts.0.expected_devices"), (load_inventory(write(
+            tmp_path, "other.yaml", "hosts: [{name: a, address: h}, {name: b, address: g, expected_devices: 2}]")),
+            "hosts.1.expected_devices"), (load_inventory(write(
+            tmp_path, "defaults.yaml", "defaults: {expected_devices: 2}\nhosts: [{name: d, address: h}]")),
+            "defaults.expected_devices")):
+        with pytest.raises(ConfigError) as info:
+            inventory.resolve_vendor("cpu-split")
+        assert info.value.key == key and "vendor cpu-split splits the host's CPU into logical_devices: 2" in \
+            info.value.message, str(info.value)
+    with pytest.raises(ConfigError, match=r"split-named.yaml: hosts.0.expected_devices: vendor cpu-split splits"):
+        load_inventory(write(tmp_path, "split-named.yaml",
+                             "vendor: cpu-split\nhosts: [{name: a, address: h, expected_devices: 2}]"))
