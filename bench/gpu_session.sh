@@ -135,9 +135,9 @@ run_part() {  # run_part PART SECONDS: the part's benches, their limits summing 
   echo "=== part $part: ${s} s"
   case $part in
     base)
-      if [ $quick = 1 ]; then
+      if [ $quick = 1 ]; then  # a GEMM with its max search, a copy, the capacity, a transfer (unsupported on a CPU)
         step base_specs 300 "$py" bench/base_specs_gpu.py --quick --pairs 2 --out "$out" --results /tmp/gpu_session_runs \
-          --cases computation-BF16,main_memory-capacity,interconnect-h2d
+          --cases computation-BF16,main_memory-bandwidth,main_memory-capacity,interconnect-h2d
       else  # the bench starts no new pair past its budget; the limit leaves room for the last pair
         step base_specs "$s" "$py" bench/base_specs_gpu.py --pairs 3 --budget-s $(( s - 90 )) --out "$out" \
           --results /tmp/gpu_session_runs
