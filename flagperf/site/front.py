@@ -49,6 +49,10 @@ NO_STORE = (b"cache-control", b"no-store")
 # again on each use (a 304 when unchanged), so that a new Prefect version's UI is never served stale. Not a
 # max-age on the hashed assets: which names are hashed is the UI build's business, not the front's.
 REVALIDATED = (b"cache-control", b"private, no-cache")
+VALIDATORS = {b"etag", b"last-modified"}
+# Where Prefect answers with data a sign-in opened: its API (mounted at /api; flagperf's clients and UI settings
+# assume that path), whatever validators a later Prefect adds to its JSON; its static files (logos) excepted.
+API_PREFIX, API_FILES_PREFIX = "/api/", "/api/static/"
 REBINDING = "DNS rebinding protection"
 FOREIGN = "a page of another site (its Origin) may not change anything here nor open a websocket"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")  # OPTIONS: a CORS preflight, which the CORS middleware answers
@@ -58,18 +62,26 @@ LOCKED_OUT = "too many wrong sign-ins from this address; try again later"
 REREAD_EVERY_S = 10.0
 
 
-def missing(have: Any, headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The ``headers`` whose name is not among ``have``'s (pairs of names and values, bytes or text)."""
-    named = {(name.encode("latin-1") if isinstance(name, str) else bytes(name)).lower() for name, _ in have}
+def header_names(have: Any) -> set[bytes]:
+    """The names (lower case, bytes) of ``have``'s headers: pairs of names and values, bytes or text."""
+    return {(name.encode("latin-1") if isinstance(name, str) else bytes(name)).lower() for name, _ in have}
+
+
+def missing(have: Any, headers: Iterable[tuple[bytes, bytes]],
+            named: set[bytes] | None = None) -> list[tuple[bytes, bytes]]:
+    """The ``headers`` whose name is not among ``have``'s (pairs of names and values, bytes or text; ``named``:
+    their header_names, where the caller has them already)."""
+    named = header_names(have) if named is None else named
     return [(name, value) for name, value in headers if name.lower() not in named]
 
 
-def cache_control(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
-    """The Cache-Control for an answer (its ``headers``) that sets none: a file served as it is (it names its ETag
-    or Last-Modified) is kept by the browser only and checked again on each use; anything else (the API's answers,
-    the UI's settings, the front's refusals: what a sign-in may have opened) is kept nowhere."""
-    named = {(name.encode("latin-1") if isinstance(name, str) else bytes(name)).lower() for name, _ in headers}
-    return REVALIDATED if named & {b"etag", b"last-modified"} else NO_STORE
+def cache_control(named: set[bytes], path: str) -> tuple[bytes, bytes]:
+    """The Cache-Control for an answer at ``path`` that sets none (``named``: its header names): a file served as
+    it is (it names its ETag or Last-Modified), outside the API, is kept by the browser only and checked again on
+    each use; anything else (the API's answers, the UI's settings, the front's refusals: what a sign-in may have
+    opened) is kept nowhere."""
+    api = f"{path}/".startswith(API_PREFIX) and not path.startswith(API_FILES_PREFIX)  # /api itself too
+    return REVALIDATED if named & VALIDATORS and not api else NO_STORE
 
 
 async def _passed(scope: Scope, receive: Receive, send: Send) -> None:
@@ -309,7 +321,9 @@ class Front:
         async def with_headers(message: Any) -> None:
             if message["type"] == "http.response.start":  # only those the answer lacks: none named twice
                 have = list(message.get("headers", []))
-                message["headers"] = [*have, *missing(have, [*BASELINE_HEADERS, cache_control(have), *tls])]
+                named = header_names(have)
+                wanted = [*BASELINE_HEADERS, cache_control(named, scope.get("path", "")), *tls]
+                message["headers"] = [*have, *missing(have, wanted, named)]
             await send(message)
 
         if refused is not None:

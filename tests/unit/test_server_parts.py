@@ -1050,6 +1050,28 @@ def test_the_front_adds_only_the_frame_headers_an_answer_lacks() -> None:
     assert names.count(b"cache-control") == 1 and (b"Cache-Control", b"public, max-age=60") in said[0]["headers"]
 
 
+def test_an_api_answer_with_an_etag_is_kept_nowhere() -> None:
+    """The front let a browser keep (private, revalidated) any answer naming an ETag or Last-Modified: meant for the
+    files Prefect serves as they are, but a later Prefect that adds an ETag to its API's JSON would have answers a
+    sign-in opened stored by the browser. Only files outside the API (its own static files aside) are kept so."""
+    from flagperf.site.front import Front
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 200,  # type: ignore[operator]
+                    "headers": [(b"ETag", b'"v1"'), (b"Last-Modified", b"Thu, 01 Jan 2026 00:00:00 GMT")]})
+        await send({"type": "http.response.body", "body": b"{}"})  # type: ignore[operator]
+
+    def kept(path: str) -> list[bytes]:
+        said = drive(Front(app, ["lab"], signed_in=False), {"type": "http", "method": "GET", "path": path,
+                                                              "headers": [(b"host", b"lab:4200")]})
+        return [value for name, value in said[0]["headers"] if name.lower() == b"cache-control"]
+
+    assert {path: kept(path) for path in ("/api/flows/filter", "/api", "/api/static/logo.png", "/assets/index.js",
+                                          "/apidocs")} == {
+        "/api/flows/filter": [b"no-store"], "/api": [b"no-store"], "/api/static/logo.png": [b"private, no-cache"],
+        "/assets/index.js": [b"private, no-cache"], "/apidocs": [b"private, no-cache"]}
+
+
 def test_prefect_s_answers_behind_the_front_carry_the_results_site_s_security_headers(tmp_path: Path) -> None:
     """Prefect's answers (its API's, its UI's) went out without Referrer-Policy and Cache-Control, which every page
     of the results site has: an API answer, opened by the sign-in, could be kept by a browser's or a proxy's cache.
