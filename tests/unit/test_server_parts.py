@@ -1080,39 +1080,46 @@ def test_prefect_s_answers_behind_the_front_carry_the_results_site_s_security_he
     Prefect's as the team server builds it, and the results site."""
     import re
 
+    import prefect.settings as prefect_settings
     from starlette.testclient import TestClient
 
     from flagperf.site.app import create_app as site_app
     from flows import team_app
 
-    prefect = TestClient(team_app.create_app(["lab"], []), base_url="http://lab:4200")
-    api = prefect.get("/api/health")
-    ui = prefect.get("/", headers={"accept": "text/html"})
-    assert api.status_code == 200 and ui.status_code == 200 and ui.headers["content-type"].startswith("text/html")
-    script = re.search(r'src="(/[^"]*assets/[^"]+[.]js)"', ui.text)  # the v1 UI's or the v2 one's
-    assert script is not None, ui.text[:500]
-    asset = prefect.get(script.group(1))
-    unchanged = prefect.get(script.group(1), headers={"if-none-match": asset.headers["etag"]})
-    refused = prefect.get("/api/health", headers={"host": "evil.example"})
-    page = TestClient(site_app(tmp_path, None, names=["lab"]), base_url="http://lab:8080").get("/")
-    assert (asset.status_code, unchanged.status_code, refused.status_code, page.status_code) == (200, 304, 400, 200)
+    # Prefect's UI at / and its API at /api, without a sign-in, whatever the developer's profile or environment says
+    unset = ("PREFECT_SERVER_API_AUTH_STRING", "PREFECT_SERVER_API_BASE_PATH", "PREFECT_UI_SERVE_BASE",
+             "PREFECT_UI_STATIC_DIRECTORY")
+    defaults = {getattr(prefect_settings, name) for name in unset}
+    with prefect_settings.temporary_settings(updates={prefect_settings.PREFECT_UI_ENABLED: True},
+                                             restore_defaults=defaults):
+        prefect = TestClient(team_app.create_app(["lab"], []), base_url="http://lab:4200")
+        api = prefect.get("/api/health")
+        ui = prefect.get("/", headers={"accept": "text/html"})
+        assert api.status_code == 200 and ui.status_code == 200 and ui.headers["content-type"].startswith("text/html")
+        script = re.search(r'src="(/[^"]*assets/[^"]+[.]js)"', ui.text)  # the v1 UI's or the v2 one's
+        assert script is not None, ui.text[:500]
+        asset = prefect.get(script.group(1))
+        unchanged = prefect.get(script.group(1), headers={"if-none-match": asset.headers["etag"]})
+        refused = prefect.get("/api/health", headers={"host": "evil.example"})
+        page = TestClient(site_app(tmp_path, None, names=["lab"]), base_url="http://lab:8080").get("/")
+        assert (asset.status_code, unchanged.status_code, refused.status_code, page.status_code) == (200, 304, 400, 200)
 
-    said = {"api": api, "ui": ui, "asset": asset, "unchanged": unchanged, "refused": refused, "site": page}
-    for what, response in said.items():
-        for name in ("x-content-type-options", "x-frame-options", "content-security-policy", "referrer-policy",
-                     "cache-control"):
-            assert len(response.headers.get_list(name)) == 1, (what, name, response.headers)
-        assert response.headers["x-content-type-options"] == "nosniff", what
-        assert response.headers["x-frame-options"] == "DENY", what
-        assert "frame-ancestors 'none'" in response.headers["content-security-policy"], what
-        assert response.headers["referrer-policy"] == page.headers["referrer-policy"] == "same-origin", what
-    assert {what: response.headers["cache-control"] for what, response in said.items()} == {
-        "api": "no-store", "ui": "private, no-cache", "asset": "private, no-cache", "unchanged": "private, no-cache",
-        "refused": "no-store", "site": "no-store"}
-    assert all("strict-transport-security" not in response.headers for response in said.values())
-    # behind a TLS proxy (uvicorn takes its X-Forwarded-Proto), HSTS as on the results site
-    over_tls = TestClient(team_app.create_app(["lab"], []), base_url="https://lab").get("/api/health")
-    assert over_tls.headers.get_list("strict-transport-security") == ["max-age=31536000"]
+        said = {"api": api, "ui": ui, "asset": asset, "unchanged": unchanged, "refused": refused, "site": page}
+        for what, response in said.items():
+            for name in ("x-content-type-options", "x-frame-options", "content-security-policy", "referrer-policy",
+                         "cache-control"):
+                assert len(response.headers.get_list(name)) == 1, (what, name, response.headers)
+            assert response.headers["x-content-type-options"] == "nosniff", what
+            assert response.headers["x-frame-options"] == "DENY", what
+            assert "frame-ancestors 'none'" in response.headers["content-security-policy"], what
+            assert response.headers["referrer-policy"] == page.headers["referrer-policy"] == "same-origin", what
+        assert {what: response.headers["cache-control"] for what, response in said.items()} == {
+            "api": "no-store", "ui": "private, no-cache", "asset": "private, no-cache",
+            "unchanged": "private, no-cache", "refused": "no-store", "site": "no-store"}
+        assert all("strict-transport-security" not in response.headers for response in said.values())
+        # behind a TLS proxy (uvicorn takes its X-Forwarded-Proto), HSTS as on the results site
+        over_tls = TestClient(team_app.create_app(["lab"], []), base_url="https://lab").get("/api/health")
+        assert over_tls.headers.get_list("strict-transport-security") == ["max-age=31536000"]
 
 
 def test_a_page_at_http_alias_is_not_the_server_s_where_its_public_url_is_https() -> None:
