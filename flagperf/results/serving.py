@@ -610,7 +610,8 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None, loaded: Iterable[
     lines = ["## LLM serving (generate)", "",
              "Per point (a closed-loop concurrency, or an open-loop request rate): output tokens/s of the "
              "server in all and per device, total tokens/s (input and output tokens of the successful requests "
-             "per second: vLLM's total token throughput), tokens/s each user saw (output tokens / E2EL: the "
+             "per second, as vLLM's total token throughput, with the server's prompt token count: chat template "
+             "included, so above vLLM's own figure), tokens/s each user saw (output tokens / E2EL: the "
              "mean, and p10, the most the slowest 10 % of users got), interactivity "
              "(1 / mean TPOT), goodput (requests meeting every SLO per second, and their fraction of all "
              "requests), the SLO verdict on p99 TTFT/TPOT with no failed request, energy per output token from "
