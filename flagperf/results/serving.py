@@ -568,7 +568,8 @@ def _p50_p99(point: ServingPoint, what: str) -> str:
 
 # Every column says its unit; latencies are in ms here (summary.csv keeps the metrics' s: ttft_s, ...).
 THROUGHPUT_HEADER = ["case", "concurrency (requests in flight)", "offered rate (requests/s)",
-                     "requests (failed, truncated, empty, mismatched)", "output tokens/s", "output tokens/s per device",
+                     "requests (failed, truncated, empty, mismatched)", "output tokens/s",
+                     "total tokens/s (input + output)", "output tokens/s per device",
                      "tokens/s per user", "interactivity (tokens/s per user: 1 / mean TPOT)", "completed requests/s",
                      "requests in flight, open loop: mean (peak)", "goodput requests/s (fraction)", "SLO p99",
                      "MFU (%)", "J per output token",
@@ -608,8 +609,10 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None, loaded: Iterable[
         return []
     lines = ["## LLM serving (generate)", "",
              "Per point (a closed-loop concurrency, or an open-loop request rate): output tokens/s of the "
-             "server in all and per device, tokens/s each user saw (output tokens / E2EL: the mean, and p10, the "
-             "most the slowest 10 % of users got), interactivity "
+             "server in all and per device, total tokens/s (input and output tokens of the successful requests "
+             "per second, as vLLM's total token throughput, with the server's prompt token count: chat template "
+             "included, so above vLLM's own figure), tokens/s each user saw (output tokens / E2EL: the "
+             "mean, and p10, the most the slowest 10 % of users got), interactivity "
              "(1 / mean TPOT), goodput (requests meeting every SLO per second, and their fraction of all "
              "requests), the SLO verdict on p99 TTFT/TPOT with no failed request, energy per output token from "
              "the monitors over the point's window; MFU (batch engines) = the level's model FLOPs (prefill and "
@@ -641,8 +644,9 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None, loaded: Iterable[
                       "ones), or some were truncated, empty or miscounted; their figures count the successful "
                       "requests only: " + ", ".join(f"{p.case} {p.label}" for p in flagged) + "."]
     lines += ["", *_table(THROUGHPUT_HEADER, [
-        [*_where(p), _requests(p), _num(p.figure("output_tokens_per_s")), _num(p.per_device),
-         _per_user(p), _num(p.interactivity), _num(p.figure("requests_per_s")), _in_flight(p),
+        # total tokens/s: "-" for a point recorded before the figure (and the batch engines', which have none)
+        [*_where(p), _requests(p), _num(p.figure("output_tokens_per_s")), _num(p.figure("total_tokens_per_s")),
+         _num(p.per_device), _per_user(p), _num(p.interactivity), _num(p.figure("requests_per_s")), _in_flight(p),
          _goodput(p), _verdict(p), _mfu(p), _num(p.energy_per_token_j), _quality(p), _rounds(p)] for p in points])]
     lines += ["", *_table(LATENCY_HEADER, [[*_where(p), _triple(p, "ttft_s"), _triple(p, "tpot_s"),
                                             _triple(p, "itl_s"), _triple(p, "e2el_s")] for p in points])]

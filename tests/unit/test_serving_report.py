@@ -4,6 +4,7 @@ engine's levels made by flagperf.generate.metrics from hand-made traces, and cur
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from datetime import datetime, timezone
@@ -88,7 +89,9 @@ def serving_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A serving case (2 devices) at c2 (clean, meets the SLO), c4 (a failed and a truncated request, slower)
     and r0.5, with a 100 W monitor and the server's scrapes at c2; and a batch-engine case (hf) at c2."""
     run = tmp_path_factory.mktemp("runs") / "serving-run"
-    c2 = [request(i, "c2", 0.1, 0.05, text="the answer") for i in range(4)]
+    # c2's prompts are 15 tokens by the server's usage: its total tokens/s, (15 + 5) x 4 / 1 s, is not its output's
+    c2 = [dataclasses.replace(request(i, "c2", 0.1, 0.05, text="the answer"), prompt_tokens_usage=15)
+          for i in range(4)]
     c4 = [request(0, "c4", 0.2, 0.08), request(1, "c4", 0.2, 0.08), request(2, "c4", 0.2, 0.08, tokens=3),
           request(3, "c4", 0.0, 0.0, tokens=0, error="HTTP 500: overloaded")]
     r05 = [request(i, "r0.5", 0.3, 0.02) for i in range(2)]
@@ -155,18 +158,22 @@ def test_the_report_shows_every_point_its_counts_the_slo_frontier_and_the_plots(
     assert "- **batch-case**: engine hf, fp32; SLO: no SLO recorded" in md
     assert "or some were truncated, empty or miscounted; their figures count the successful requests only: " \
            "serve-case c4." in md
+    assert "| output tokens/s | total tokens/s (input + output) | output tokens/s per device |" in md
     rows = [line for line in md.splitlines() if line.startswith("| serve-case | 4 | - |")]
     assert rows[0].startswith("| serve-case | 4 | - | 4 (1 failed = 25.0%, 1 truncated, 0 empty, 0 count mismatch) "
-                              "**flagged** | 6.5 | 3.25 |")
+                              "**flagged** | 6.5 | 6.5 | 3.25 |")  # prompts of no tokens: total = output
     assert "| 1.5 (75.0%) | **missed** |" in rows[0]
     assert "| 6.5 | 3.25 | 9.188 (p10 8.59) | 12.5 |" in rows[0]  # tokens/s per user: the mean and its slow tail
     assert "p10" in STATISTICS["mean"]  # how the report's "How these numbers were made" explains it
-    assert "| serve-case | 2 | - | 4 (0 failed, 0 truncated, 0 empty, 0 count mismatch) | 20 | 10 |" in md
+    assert "| serve-case | 2 | - | 4 (0 failed, 0 truncated, 0 empty, 0 count mismatch) | 20 | 80 | 10 |" in md
     # SLO (met on 4 requests: fewer than MLPerf's early stopping needs), MFU, J per token, quality, rounds
     assert ("| met (not confident: fewer requests than MLPerf's early stopping needs) | - | 5 | ROUGE-L 0.75, exact "
             "match 0.5 | 1 |") in md
     assert "| serve-case | - | 0.5 |" in md
-    assert "| batch-case | 2 | - | 2 | 16 | 16 |" in md
+    assert "| batch-case | 2 | - | 2 | 16 | - | 16 |" in md  # no total tokens/s recorded: none shown, not a 0
+    page = paths["html"].read_text()
+    assert "<th>output tokens/s</th>\n<th>total tokens/s (input + output)</th>" in page
+    assert "<td>16</td>\n<td>-</td>\n<td>16</td>" in page  # the batch engine's row in report.html
     # Latency: TTFT of every c2 request is 100 ms; TPOT 50 ms.
     assert "| serve-case | 2 | - | 100 / 100 / 100 | 50 / 50 / 50 |" in md
     assert "| serve-case | 2 | - | 20 (20) | 4 (4) | 100 (100) | 50 (50) | - (300) |" in md
