@@ -400,6 +400,17 @@ def test_validate_checks_an_engine_or_toolkit_manifest_strictly_and_runs_nothing
     assert not list(toolkit.parent.glob("fastgemm*")) and not mark.exists()  # nothing built
 
 
+def test_validate_s_ok_line_stays_one_line_however_long_its_path(tmp_path: Path) -> None:
+    """Piped output (CliRunner's, grep's, a CI log's) has no terminal width: the console's 160 columns wrapped a
+    long path's ok line onto two lines, which a script reading one line per file misreads."""
+    path = tmp_path / ("d" * 160) / "inventory.yaml"
+    path.parent.mkdir()
+    path.write_text("hosts: [{name: a, address: localhost}]\n", encoding="utf-8")
+    result = invoke("validate", str(path))
+    assert result.exit_code == 0 and f"ok    {path} (inventory, 1 host(s))" in result.output.splitlines(), \
+        result.output
+
+
 def test_validate_says_never_read_of_a_plugin_manifest_no_run_reads(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run reads a vendor from the first folder of its name with a vendor.yaml, engines also from later folders of
