@@ -118,7 +118,9 @@ app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True
                        "operator cases) as "
                        "Prefect workflows: run it here or on an inventory of hosts, read measured vs peak with "
                        "power, energy and provenance, compare runs, serve it to a team.")
-# Piped or captured output has no terminal width; keep the summary table readable there too.
+# Piped or captured output has no terminal width; keep the summary table readable there too. That width would also
+# wrap a long one-line message (a deep path, a long name) onto two lines where it is piped (grep, a CI log): every
+# line that says one thing is printed with soft_wrap=True (never wrapped), tables and multi-line blocks without it.
 console = Console(width=None if Console().is_terminal else 160)
 err_console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 160)
 
@@ -425,8 +427,8 @@ def run(
         for note in [*inv.notes, *warnings]:
             err_console.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
         console.print(f"[bold]run {plan.run_id}[/]: {len(plan.cases)} cases x {plan.rounds} rounds, vendor "
-                      f"{plan.vendor.name}" + (f", suite {plan.suite}" if plan.suite else "")
-                      + f", {len(inv.hosts)} host(s) from {inv.source}")
+                      + escape(plan.vendor.name + (f", suite {plan.suite}" if plan.suite else "")
+                               + f", {len(inv.hosts)} host(s) from {inv.source}"), soft_wrap=True)
         _prepare_prefect_environment(verbose)
         from flows.progress import Progress, RunFolderLog, live_view
         from flows.server import TemporaryServer, configured_api_url
@@ -664,7 +666,7 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         console.print(f"[{colour}]{entry['status']}[/] {entry['case']} round {entry['round']} on {entry['host']}: "
                       f"{escape(entry['message'])}", highlight=False, soft_wrap=True)
     for problem in summary["problems"]:
-        console.print(f"[red]problem[/] {escape(problem)}", highlight=False)
+        console.print(f"[red]problem[/] {escape(problem)}", highlight=False, soft_wrap=True)
     for fault in summary.get("faults", []):  # a bound the case chose (capacity's max_gib) is no fault: said as such
         label = "[cyan]bound[/]" if BOUNDED_NOTE in fault else "[yellow]fault[/]"
         console.print(f"{label} {escape(fault)}", highlight=False, soft_wrap=True)
@@ -679,14 +681,14 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     progress = summary.get("progress") or {}  # a round on each host is a record of its own: said where it counts
     planned = f" of {progress['planned']} planned ({progress['planned_as']})" if progress.get("planned_as") else ""
     console.print(f"{c['rounds']} rounds{planned}: {c['success']} succeeded, {c['unsupported']} unsupported, "
-                  f"{c['failed']} failed")
+                  f"{c['failed']} failed", soft_wrap=True)
     from flagperf.results.diagnosis import verdict_line
 
     if (diagnosed := verdict_line(run_dir)) is not None:
         console.print(escape(diagnosed[0]), style="red" if diagnosed[1] else None, highlight=False, soft_wrap=True)
     console.print(f"run directory: [bold]{escape(str(run_dir))}[/] (report.html, report.md, summary.csv, "
                   "summary.json)",
-                  highlight=False)
+                  highlight=False, soft_wrap=True)
 
 
 def _run_folder(path: Path, option: str) -> Path:
@@ -726,7 +728,8 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run folder, results/<
         raise _fail(f"{run_dir}: the report cannot be written: {exc.strerror or exc}", EXIT_FAILED) from None
     with _if_interrupted(f"interrupted; the report of {run_dir} was written whole ({paths['html']})"):
         _print_summary(read_summary_json(run_dir), run_dir)
-        console.print(f"report: {escape(str(paths['html']))}, {escape(str(paths['markdown']))}", highlight=False)
+        console.print(f"report: {escape(str(paths['html']))}, {escape(str(paths['markdown']))}", highlight=False,
+                      soft_wrap=True)
 
 
 @app.command()
@@ -764,7 +767,7 @@ def compare(
     flagged = sum(r.flagged for r in rows)
     console.print(f"{flagged} of {len(rows)} figures differ by more than their spread")
     for line in context["left_out"]:
-        console.print(escape(line), highlight=False)
+        console.print(escape(line), highlight=False, soft_wrap=True)
     if serving:
         console.print(escape("\n".join(["", *serving_comparison_markdown(serving)])), highlight=False)
     if out is not None:
@@ -775,7 +778,7 @@ def compare(
         except OSError as exc:
             raise _fail(f"--out {out}: {exc.strerror or exc}") from None
         with _if_interrupted(f"interrupted; --out {out} was written whole"):
-            console.print(f"written to {escape(str(out))}", highlight=False)
+            console.print(f"written to {escape(str(out))}", highlight=False, soft_wrap=True)
 
 
 def _out_file_problem(out: Path, runs: tuple[Path, ...] = ()) -> str | None:
@@ -906,7 +909,7 @@ def nightly(
     for note in [*night.notes, *warnings]:
         err_console.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
     console.print(f"[bold]nightly {escape(suite)}[/]: {rounds} rounds per case, results in {escape(str(results))}",
-                  highlight=False)
+                  highlight=False, soft_wrap=True)
     _prepare_prefect_environment(verbose)
 
     def discard_made() -> None:  # a night that did not begin (or was refused) leaves nothing this made
@@ -1631,7 +1634,7 @@ def validate(files: Annotated[list[Path], typer.Argument(help="config files to c
                     err_console.print(f"[red]error[/] {escape(str(path))}: {more}", highlight=False, soft_wrap=True)
             else:
                 checked += 1
-                console.print(f"[green]ok[/]    {escape(str(path))} ({kind})", highlight=False)
+                console.print(f"[green]ok[/]    {escape(str(path))} ({kind})", highlight=False, soft_wrap=True)
     if bad:
         raise typer.Exit(EXIT_BAD_INPUT)
 

@@ -357,7 +357,9 @@ def _check_found_by_name(vendor: Vendor, found: Findings) -> None:
         return
     winner = shadowed_by(vendor.folder, vendor.name)
     if winner is not None:
-        found.problems.append(f"{display_path(vendor.folder)}: {shadowed_message(vendor.folder, winner, vendor.name)}")
+        # One line of at most MAX_LINE as every finding (four paths: a deep folder's would run past it)
+        found.add_problem(one_line(shadowed_message(vendor.folder, winner, vendor.name),
+                                   lead=f"{display_path(vendor.folder)}:"))
         return
     for other in vendor_folders(vendor.name)[1:]:  # what a vendor might think still counts
         found.notes.append(f"{display_path(other)} is shadowed by this folder: --vendor {vendor.name} reads this one "

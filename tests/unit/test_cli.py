@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flagperf.config import night
+from flagperf.errors import MAX_LINE, one_line
 from flagperf.paths import PROJECT_ROOT, display_path
 from flows.cli import app, vendor_app
 
@@ -399,6 +400,17 @@ def test_validate_checks_an_engine_or_toolkit_manifest_strictly_and_runs_nothing
     assert not list(toolkit.parent.glob("fastgemm*")) and not mark.exists()  # nothing built
 
 
+def test_validate_s_ok_line_stays_one_line_however_long_its_path(tmp_path: Path) -> None:
+    """Piped output (CliRunner's, grep's, a CI log's) has no terminal width: the console's 160 columns wrapped a
+    long path's ok line onto two lines, which a script reading one line per file misreads."""
+    path = tmp_path / ("d" * 160) / "inventory.yaml"
+    path.parent.mkdir()
+    path.write_text("hosts: [{name: a, address: localhost}]\n", encoding="utf-8")
+    result = invoke("validate", str(path))
+    assert result.exit_code == 0 and f"ok    {path} (inventory, 1 host(s))" in result.output.splitlines(), \
+        result.output
+
+
 def test_validate_says_never_read_of_a_plugin_manifest_no_run_reads(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run reads a vendor from the first folder of its name with a vendor.yaml, engines also from later folders of
@@ -427,12 +439,15 @@ def test_validate_says_never_read_of_a_plugin_manifest_no_run_reads(
         result = invoke("validate", str(path))
         assert_clean_failure(result)
         [line] = error_lines(result.output)
-        # a long line (four paths): the path after the file named loses its middle, never the file named nor the
-        # advice, whose paths stay whole (copyable)
-        assert line.startswith(f"error {path}: never read: shadowed by ") and len(line) <= 520, line
-        assert "/first/acme: --vendor acme reads the first folder" in line, line
-        assert line.endswith(f"; list {second.parent} before {first.parent} on FLAGPERF_VENDOR_PATH, or rename this "
-                             "vendor"), line
+        # A long line (four paths) is shown as every error is (one_line: at most MAX_LINE, the middles of long paths
+        # cut where the temporary folder is deep), never losing the file named nor the advice, whose paths stay whole
+        # (copyable) and say which folder a run reads.
+        advice = f"list {second.parent} before {first.parent} on FLAGPERF_VENDOR_PATH, or rename this vendor"
+        assert line == "error " + one_line(
+            f"never read: shadowed by {first}: --vendor acme reads the first folder of the name (vendor_images/, then "
+            f"FLAGPERF_VENDOR_PATH in order), nothing of this one; {advice}", lead=f"{path}:"), line
+        assert line.startswith(f"error {path}: never read: shadowed by ") and line.endswith(f"; {advice}"), line
+        assert len(line) <= len("error ") + MAX_LINE, line
     path = third / "toolkits" / "fastgemm" / "toolkit.yaml"
     result = invoke("validate", str(path))
     assert_clean_failure(result)

@@ -17,7 +17,7 @@ import pytest
 from flagperf.config.adaptation import EXTERN_HOOKS
 from flagperf.config.models import PEAK_UNITS
 from flagperf.config.vendors import MANIFEST, load_vendor_manifest
-from flagperf.errors import MAX_LINE, ConfigError
+from flagperf.errors import MAX_LINE, ConfigError, one_line
 from flagperf.hosts.vendorcheck import ENGINE_FOLDERS, check_vendor_folder
 from flagperf.hosts.vendorscaffold import PEAK_FIGURES, write_vendor_folder
 from flagperf.paths import PROJECT_ROOT
@@ -776,19 +776,23 @@ def test_a_shadowed_vendor_folder_is_said_to_be_and_lends_no_engine(walk: Path, 
     found = check_vendor_folder(first, monitor_seconds=1)
     order = "vendor_images/, then FLAGPERF_VENDOR_PATH in order"
     # The hint comes first and names each folder once: the line holds it whatever the temporary folder's length
-    # (the line is cut at MAX_LINE; four full paths once cut the hint off under pytest's default basetemp).
-    expected = (f"{walk / 'cases' / 'inference' / 'walk-infer' / 'configurations.yaml'}: compiler: unknown compiler "
-                f"'onnxruntime' for vendor acme: {later} has it (engines/onnxruntime/) but is never read: {first} "
-                "comes first on the search path and shadows it (engines in its engines/: none)")
+    # (the line is cut at MAX_LINE; four full paths once cut the hint off under pytest's default basetemp). Expected
+    # as every error shows it: one_line, which shortens the middles of long paths where the temporary folder is deep.
+    configurations = walk / "cases" / "inference" / "walk-infer" / "configurations.yaml"
+    expected = one_line(f"unknown compiler 'onnxruntime' for vendor acme: {later} has it (engines/onnxruntime/) but is "
+                        f"never read: {first} comes first on the search path and shadows it (engines in its engines/: "
+                        "none)", lead=f"{configurations}: compiler:")
     unknown = [problem for problem in found.problems if "unknown compiler 'onnxruntime'" in problem]
-    assert len(unknown) == 1 and expected.startswith(unknown[0].removesuffix("...")), (expected, found.problems)
-    assert f"{later} has it" in unknown[0] and len(unknown[0]) <= MAX_LINE
+    assert unknown == [expected], (expected, found.problems)
+    # the shadowed copy named (its path's end where the line is long) and the advice kept
+    assert "/vendors/acme has it (engines/onnxruntime/) but is never read: " in unknown[0], unknown[0]
+    assert len(unknown[0]) <= MAX_LINE
     assert f"{later} is shadowed by this folder: --vendor acme reads this one ({order}), nothing of that one (its " \
            "engines and case files neither)" in found.notes, found.notes
     shadowed = (f"shadowed by {first}: --vendor acme reads the first folder of the name ({order}), nothing of this "
                 f"one; list {walk / 'vendors'} before {tmp_path / 'first'} on FLAGPERF_VENDOR_PATH, or rename this "
                 "vendor")
-    assert f"{later}: {shadowed}" in check_vendor_folder(later, monitor_seconds=1).problems
+    assert one_line(shadowed, lead=f"{later}:") in check_vendor_folder(later, monitor_seconds=1).problems
     kept = write(later / "cases" / "training" / "walk-mlp" / "environment_variables.sh", "export A=1\n")
     checked = flagperf("validate", str(later / MANIFEST), str(kept), str(first / MANIFEST))
     assert checked.returncode == 2, checked.stdout + checked.stderr
