@@ -9,6 +9,16 @@ import pytest
 from tests.lanes import group_of
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Workers without --dist loadgroup would spread the shared integration tests over both (xdist's default is
+    load): they would run at once on the one test bed."""
+    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
+        return
+    if config.getoption("numprocesses", None) and config.getoption("dist", "no") != "loadgroup":
+        raise pytest.UsageError("-n needs --dist loadgroup here: the integration tests that share the test bed run "
+                                "one after another in one group (tests/lanes.py)")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group into each test's id
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.pluginmanager.hasplugin("xdist"):  # its mark is known only where xdist is installed

@@ -7,7 +7,7 @@ free up (the largest first). The groups:
   bed (one Docker engine, three sshd hosts, one Slurm cluster), `flagperf server`s on the test database's work
   pools, the default pool's lock; several check that nothing of theirs is left on a shared engine or host.
 - one group per SELF_CONTAINED integration file: it needs only its worker's own Prefect server and processes of
-  its own (tests/unit/test_lanes.py holds it to that), so it may run beside any other test.
+  its own (tests/unit/test_lanes.py screens its text for that), so it may run beside any other test.
 One after the other the tests no longer fit CI's 90 minutes on two cores; like this the unit tests and the shared
 integration tests run side by side from the start, and the self-contained files fill in behind whichever ends
 first."""

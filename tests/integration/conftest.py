@@ -37,7 +37,8 @@ def prefect_server() -> Iterator[None]:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "flagperf")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # Unit tests run case code in-process after this session fixture; its loggers have no flow run there.
+    # Unit tests that run case code in-process may follow this session fixture (plain `pytest`, one process); its
+    # loggers have no flow run there.
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     from prefect.testing.utilities import prefect_test_harness
 

@@ -5,6 +5,7 @@ file outside the project or the environment, none beyond loopback refused)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
 import json
@@ -205,7 +206,12 @@ def test_credentials_come_from_a_private_file_outside_the_project(tmp_path: Path
         with pytest.raises(ConfigError, match="printable ASCII") as error:
             read_auth_file(short)
         assert odd.split(":")[1] not in str(error.value)
-    inside = PROJECT_ROOT / f".auth-test-{os.getpid()}"
+    # In an ignored folder of the project: a file git sees would make a round run meanwhile beside this test (the
+    # other worker's) record its checkout as modified.
+    ignored = PROJECT_ROOT / "build"
+    made = not ignored.exists()
+    ignored.mkdir(exist_ok=True)
+    inside = ignored / f"auth-test-{os.getpid()}"
     inside.write_text(secret, encoding="utf-8")
     try:
         inside.chmod(0o600)
@@ -213,6 +219,9 @@ def test_credentials_come_from_a_private_file_outside_the_project(tmp_path: Path
             read_auth_file(inside)
     finally:
         inside.unlink()
+        if made:
+            with contextlib.suppress(OSError):  # something else was put there meanwhile: it stays
+                ignored.rmdir()
     # The default file, then the environment: none means none; a bad one is an error, not skipped.
     assert find_credentials() is None
     no_credentials_around.parent.mkdir(parents=True)

@@ -10,11 +10,13 @@ import pytest
 
 from tests.lanes import SELF_CONTAINED, SHARED_GROUP, TESTS, UNIT_GROUP, group_of
 
-# What a self-contained file may not use: the test bed (its Docker engine, sshd hosts, Slurm cluster), or a
-# `flagperf server` on the test database's pools or their locks. (A look at the machine's processes must keep to
-# its own run's, as test_evaluate_flow's do: the other worker's are there too.)
+# A screen of each self-contained file's own text (not of the helper modules it imports) for what would share
+# something with a test beside it: the test bed (its Docker engine, sshd hosts, Slurm cluster), a `flagperf
+# server` on the test database's pools or their locks, a look at every process of the machine by name. A look at
+# processes must keep to its own run's, as test_evaluate_flow's do (the other worker's are there too), and a file
+# it writes must lie in its tmp_path or an ignored folder (git status is part of every round's provenance).
 SHARED_THINGS = re.compile(r"testbed|server_ports|PoolLock|default_pool|FLAGPERF_TEST_POSTGRES_URL|docker|slurm|"
-                           r"squeue|sbatch|SshHost")
+                           r"squeue|sbatch|SshHost|pgrep|pkill|killall|/proc/", re.IGNORECASE)
 
 
 @pytest.mark.parametrize("name", sorted(SELF_CONTAINED))
