@@ -45,10 +45,13 @@ BASELINE_HEADERS = [*FRAME_HEADERS, (b"referrer-policy", b"same-origin")]
 HSTS = (b"strict-transport-security", b"max-age=31536000")
 NO_STORE = (b"cache-control", b"no-store")
 # A file served as it is (Starlette's static files: index.html, the UI's scripts and styles, the API's logos) says
-# its ETag and Last-Modified: public files of the Prefect package, which the browser alone may keep and must check
-# again on each use (a 304 when unchanged), so that a new Prefect version's UI is never served stale. Not a
-# max-age on the hashed assets: which names are hashed is the UI build's business, not the front's.
-REVALIDATED = (b"cache-control", b"private, no-cache")
+# its ETag and Last-Modified: public files of the Prefect package, which the browser alone may keep. A page (the
+# UI's index.html) is checked again on each use, so that a new Prefect version's UI is never served stale; the
+# files it names (hundreds of script chunks, named by their content) are kept as the browser's own rules for a file
+# with validators say: checking each again on every page load (no-cache) made a reload of the UI wait for hundreds
+# of 304s through the sign-in, over two minutes on a loaded machine.
+PAGE_KEPT = (b"cache-control", b"private, no-cache")
+FILE_KEPT = (b"cache-control", b"private")
 VALIDATORS = {b"etag", b"last-modified"}
 # Where Prefect answers with data a sign-in opened: its API (mounted at /api; flagperf's clients and UI settings
 # assume that path), whatever validators a later Prefect adds to its JSON; its static files (logos) excepted.
@@ -75,13 +78,18 @@ def missing(have: Any, headers: Iterable[tuple[bytes, bytes]],
     return [(name, value) for name, value in headers if name.lower() not in named]
 
 
-def cache_control(named: set[bytes], path: str) -> tuple[bytes, bytes]:
-    """The Cache-Control for an answer at ``path`` that sets none (``named``: its header names): a file served as
-    it is (it names its ETag or Last-Modified), outside the API, is kept by the browser only and checked again on
-    each use; anything else (the API's answers, the UI's settings, the front's refusals: what a sign-in may have
-    opened) is kept nowhere."""
+def cache_control(have: Any, named: set[bytes], path: str) -> tuple[bytes, bytes]:
+    """The Cache-Control for an answer at ``path`` that sets none (``have``: its headers, ``named``: their names): a
+    file served as it is (it names its ETag or Last-Modified), outside the API, is kept by the browser only, a page
+    of them checked again on each use; anything else (the API's answers, the UI's settings, the front's refusals:
+    what a sign-in may have opened) is kept nowhere."""
     api = f"{path}/".startswith(API_PREFIX) and not path.startswith(API_FILES_PREFIX)  # /api itself too
-    return REVALIDATED if named & VALIDATORS and not api else NO_STORE
+    if api or not named & VALIDATORS:
+        return NO_STORE
+    kind = next((bytes(value) if not isinstance(value, str) else value.encode("latin-1")
+                 for name, value in have if (name.encode("latin-1") if isinstance(name, str) else bytes(name)).lower()
+                 == b"content-type"), b"")
+    return PAGE_KEPT if kind.lower().startswith(b"text/html") else FILE_KEPT
 
 
 async def _passed(scope: Scope, receive: Receive, send: Send) -> None:
@@ -322,7 +330,7 @@ class Front:
             if message["type"] == "http.response.start":  # only those the answer lacks: none named twice
                 have = list(message.get("headers", []))
                 named = header_names(have)
-                wanted = [*BASELINE_HEADERS, cache_control(named, scope.get("path", "")), *tls]
+                wanted = [*BASELINE_HEADERS, cache_control(have, named, scope.get("path", "")), *tls]
                 message["headers"] = [*have, *missing(have, wanted, named)]
             await send(message)
 
