@@ -1,8 +1,8 @@
 """The team server's Prefect server, as `prefect server start` runs it in the foreground (Prefect's app with its UI
 and services, on uvicorn, with the same settings: keep-alive, websocket pings, log level; graceful stop on
-SIGTERM), but behind flagperf.site.front.Front: only requests naming the server by its own names, the results
-site's baseline of security headers, a page of another site kept from changing anything or opening a websocket, a
-malformed sign-in refused with 401, wrong sign-ins throttled per client of the network. Started by flows.server.serve:
+SIGTERM), but behind flagperf.site.front.Front: only requests naming the server by its own names, frame
+protection, a page of another site kept from changing anything or opening a websocket, a malformed sign-in
+refused with 401, wrong sign-ins throttled per client of the network. Started by flows.server.serve:
 
     python -m flows.team_app --host HOST --port PORT --fd FD --name NAME [--name NAME ...] --origin ORIGIN [...]
 
@@ -23,7 +23,7 @@ import sys
 
 from flagperf.site import served
 from flagperf.site.auth import SERVER_AUTH_ENV, Credentials
-from flagperf.site.front import BASELINE_HEADERS, NO_STORE, ASGIApp, Front, interface_addresses
+from flagperf.site.front import FRAME_HEADERS, ASGIApp, Front, interface_addresses
 
 
 def create_app(names: list[str], origins: list[str], reread_names: bool = False) -> ASGIApp:
@@ -83,13 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"flagperf team server: Prefect's server and UI on {args.host}:{args.port}, answering to "
           f"{', '.join(args.name)} (any other Host is refused: DNS rebinding protection)", flush=True)
     # What `prefect server start` passes uvicorn (prefect.cli._server_utils._run_in_foreground, one worker), and
-    # the front's headers on uvicorn's own answers too (a malformed request's 400, a refused websocket handshake).
+    # the frame headers on uvicorn's own answers too (a malformed request's 400, a refused websocket handshake).
     where = {"fd": args.fd} if args.fd is not None else {"host": args.host, "port": args.port}
-    config = served.config(create_app(args.name, args.origin, args.reread_names), [*BASELINE_HEADERS, NO_STORE],
-                           **where, timeout_keep_alive=PREFECT_SERVER_API_KEEPALIVE_TIMEOUT.value(),
-                           ws_ping_interval=PREFECT_SERVER_API_WEBSOCKET_PING_INTERVAL.value(),
-                           ws_ping_timeout=PREFECT_SERVER_API_WEBSOCKET_PING_TIMEOUT.value(),
-                           log_level=str(PREFECT_SERVER_LOGGING_LEVEL.value()).lower())
+    config = served.config(create_app(args.name, args.origin, args.reread_names), FRAME_HEADERS, **where,
+                            timeout_keep_alive=PREFECT_SERVER_API_KEEPALIVE_TIMEOUT.value(),
+                            ws_ping_interval=PREFECT_SERVER_API_WEBSOCKET_PING_INTERVAL.value(),
+                            ws_ping_timeout=PREFECT_SERVER_API_WEBSOCKET_PING_TIMEOUT.value(),
+                            log_level=str(PREFECT_SERVER_LOGGING_LEVEL.value()).lower())
 
     class Server(uvicorn.Server):
         """uvicorn's server that, once it listens on its own copy of --fd (socket.fromfd), closes the inherited

@@ -36,7 +36,7 @@ from flagperf.results.serving import CONSOLE_HEADER, DIGEST_TITLE, console_rows,
 from flagperf.results.summary import HEADLINE_HEADER, OPERATORS_INTRO, headline_cells, headline_rows
 from flagperf.site import trends as drawing
 from flagperf.site.auth import Credentials, SignInThrottle
-from flagperf.site.front import HSTS, HostCheck
+from flagperf.site.front import HostCheck
 from flagperf.site.runs import PLOT_TYPES, PLOTS, RUN_FILES, list_runs, plot_names, read_served, run_folder, run_info
 from flagperf.site.trends import NO_MATPLOTLIB, open_history, trend_png
 
@@ -51,6 +51,7 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"same-origin"),
     (b"cache-control", b"no-store"),
 ]
+HSTS = (b"strict-transport-security", b"max-age=31536000")
 # A run's own files (its report, its plots) are the run's content, not the site's: a report.html or an .svg a
 # case wrote is shown sandboxed: no script, no forms, no pop-ups, whatever the file holds. (Its origin stays the
 # site's so that the report's plots load with the sign-in; without scripts that gives the file no reach.)

@@ -1,7 +1,6 @@
 """What stands in front of the team server's web apps (the Prefect server's and the results site): an answer only
 for requests that name the server by one of its own names (a DNS rebinding page names the attacker's domain),
-the results site's baseline of security headers on every answer that does not set its own (frame and sniffing
-protection, Referrer-Policy, Cache-Control), a page of another site (its Origin header) kept from changing
+frame and sniffing protection on every answer, a page of another site (its Origin header) kept from changing
 anything or opening a websocket (browsers apply CORS to neither: a form's POST is sent, a websocket opened, whatever
 the answer says), and a malformed Basic sign-in refused with 401 (Prefect's server fails with a 500 and a traceback
 on one that decodes to non-ASCII text, or on a websocket's sign-in message that is not ASCII), and wrong sign-ins
@@ -37,25 +36,6 @@ FRAME_HEADERS = [
     (b"content-security-policy", b"frame-ancestors 'none'"),
     (b"x-content-type-options", b"nosniff"),
 ]
-# The rest of the results site's baseline (flagperf.site.app.SECURITY_HEADERS) that Prefect's answers lack: no
-# address of a page (a flow run's, its parameters in the query) sent to another site as the Referer; a cache
-# header chosen per answer (cache_control); HSTS once the browser spoke TLS. Not the site's whole CSP: Prefect's UI
-# runs scripts.
-BASELINE_HEADERS = [*FRAME_HEADERS, (b"referrer-policy", b"same-origin")]
-HSTS = (b"strict-transport-security", b"max-age=31536000")
-NO_STORE = (b"cache-control", b"no-store")
-# A file served as it is (Starlette's static files: index.html, the UI's scripts and styles, the API's logos) says
-# its ETag and Last-Modified: public files of the Prefect package, which the browser alone may keep. A page (the
-# UI's index.html) is checked again on each use, so that a new Prefect version's UI is never served stale; the
-# files it names (hundreds of script chunks, named by their content) are kept as the browser's own rules for a file
-# with validators say: checking each again on every page load (no-cache) made a reload of the UI wait for hundreds
-# of 304s through the sign-in, over two minutes on a loaded machine.
-PAGE_KEPT = (b"cache-control", b"private, no-cache")
-FILE_KEPT = (b"cache-control", b"private")
-VALIDATORS = {b"etag", b"last-modified"}
-# Where Prefect answers with data a sign-in opened: its API (mounted at /api; flagperf's clients and UI settings
-# assume that path), whatever validators a later Prefect adds to its JSON; its static files (logos) excepted.
-API_PREFIX, API_FILES_PREFIX = "/api/", "/api/static/"
 REBINDING = "DNS rebinding protection"
 FOREIGN = "a page of another site (its Origin) may not change anything here nor open a websocket"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")  # OPTIONS: a CORS preflight, which the CORS middleware answers
@@ -65,31 +45,10 @@ LOCKED_OUT = "too many wrong sign-ins from this address; try again later"
 REREAD_EVERY_S = 10.0
 
 
-def header_names(have: Any) -> set[bytes]:
-    """The names (lower case, bytes) of ``have``'s headers: pairs of names and values, bytes or text."""
-    return {(name.encode("latin-1") if isinstance(name, str) else bytes(name)).lower() for name, _ in have}
-
-
-def missing(have: Any, headers: Iterable[tuple[bytes, bytes]],
-            named: set[bytes] | None = None) -> list[tuple[bytes, bytes]]:
-    """The ``headers`` whose name is not among ``have``'s (pairs of names and values, bytes or text; ``named``:
-    their header_names, where the caller has them already)."""
-    named = header_names(have) if named is None else named
+def missing(have: Any, headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The ``headers`` whose name is not among ``have``'s (pairs of names and values, bytes or text)."""
+    named = {(name.encode("latin-1") if isinstance(name, str) else bytes(name)).lower() for name, _ in have}
     return [(name, value) for name, value in headers if name.lower() not in named]
-
-
-def cache_control(have: Any, named: set[bytes], path: str) -> tuple[bytes, bytes]:
-    """The Cache-Control for an answer at ``path`` that sets none (``have``: its headers, ``named``: their names): a
-    file served as it is (it names its ETag or Last-Modified), outside the API, is kept by the browser only, a page
-    of them checked again on each use; anything else (the API's answers, the UI's settings, the front's refusals:
-    what a sign-in may have opened) is kept nowhere."""
-    api = f"{path}/".startswith(API_PREFIX) and not path.startswith(API_FILES_PREFIX)  # /api itself too
-    if api or not named & VALIDATORS:
-        return NO_STORE
-    kind = next((bytes(value) if not isinstance(value, str) else value.encode("latin-1")
-                 for name, value in have if (name.encode("latin-1") if isinstance(name, str) else bytes(name)).lower()
-                 == b"content-type"), b"")
-    return PAGE_KEPT if kind.lower().startswith(b"text/html") else FILE_KEPT
 
 
 async def _passed(scope: Scope, receive: Receive, send: Send) -> None:
@@ -324,14 +283,10 @@ class Front:
             await self.app(scope, self._checked_first(receive, scope), send)
             return
 
-        tls = [HSTS] if scope.get("scheme") == "https" else []  # as uvicorn saw it, or a local proxy told it
-
         async def with_headers(message: Any) -> None:
             if message["type"] == "http.response.start":  # only those the answer lacks: none named twice
                 have = list(message.get("headers", []))
-                named = header_names(have)
-                wanted = [*BASELINE_HEADERS, cache_control(have, named, scope.get("path", "")), *tls]
-                message["headers"] = [*have, *missing(have, wanted, named)]
+                message["headers"] = [*have, *missing(have, FRAME_HEADERS)]
             await send(message)
 
         if refused is not None:

@@ -1037,8 +1037,7 @@ def test_the_front_adds_only_the_frame_headers_an_answer_lacks() -> None:
 
     async def app(scope: dict, receive: object, send: object) -> None:
         await send({"type": "http.response.start", "status": 200,  # type: ignore[operator]
-                    "headers": [(b"X-Frame-Options", b"SAMEORIGIN"), (b"content-type", b"text/plain"),
-                                (b"Cache-Control", b"public, max-age=60")]})
+                    "headers": [(b"X-Frame-Options", b"SAMEORIGIN"), (b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
 
     said = drive(Front(app, ["lab"], signed_in=False), {"type": "http", "method": "GET", "path": "/",
@@ -1046,81 +1045,6 @@ def test_the_front_adds_only_the_frame_headers_an_answer_lacks() -> None:
     names = [name.lower() for name, _ in said[0]["headers"]]
     assert names.count(b"x-frame-options") == 1 and (b"X-Frame-Options", b"SAMEORIGIN") in said[0]["headers"]
     assert all(names.count(name) == 1 for name, _ in FRAME_HEADERS)
-    # a cache header the app chose deliberately is its own too
-    assert names.count(b"cache-control") == 1 and (b"Cache-Control", b"public, max-age=60") in said[0]["headers"]
-
-
-def test_an_api_answer_with_an_etag_is_kept_nowhere() -> None:
-    """The front let a browser keep (private, revalidated) any answer naming an ETag or Last-Modified: meant for the
-    files Prefect serves as they are, but a later Prefect that adds an ETag to its API's JSON would have answers a
-    sign-in opened stored by the browser. Only files outside the API (its own static files aside) are kept so."""
-    from flagperf.site.front import Front
-
-    async def app(scope: dict, receive: object, send: object) -> None:
-        await send({"type": "http.response.start", "status": 200,  # type: ignore[operator]
-                    "headers": [(b"ETag", b'"v1"'), (b"Last-Modified", b"Thu, 01 Jan 2026 00:00:00 GMT")]})
-        await send({"type": "http.response.body", "body": b"{}"})  # type: ignore[operator]
-
-    def kept(path: str) -> list[bytes]:
-        said = drive(Front(app, ["lab"], signed_in=False), {"type": "http", "method": "GET", "path": path,
-                                                              "headers": [(b"host", b"lab:4200")]})
-        return [value for name, value in said[0]["headers"] if name.lower() == b"cache-control"]
-
-    assert {path: kept(path) for path in ("/api/flows/filter", "/api", "/api/static/logo.png", "/assets/index.js",
-                                          "/apidocs")} == {
-        "/api/flows/filter": [b"no-store"], "/api": [b"no-store"], "/api/static/logo.png": [b"private"],
-        "/assets/index.js": [b"private"], "/apidocs": [b"private"]}
-
-
-def test_prefect_s_answers_behind_the_front_carry_the_results_site_s_security_headers(tmp_path: Path) -> None:
-    """Prefect's answers (its API's, its UI's) went out without Referrer-Policy and Cache-Control, which every page
-    of the results site has: an API answer, opened by the sign-in, could be kept by a browser's or a proxy's cache.
-    Now each answer through the front has the site's baseline; the API's (and the front's own refusals) are kept
-    nowhere, the UI's files (public, with an ETag) by the browser only, its page checked again on each use (not its
-    hundreds of script chunks: each page load would wait for their 304s). The real apps:
-    Prefect's as the team server builds it, and the results site."""
-    import re
-
-    import prefect.settings as prefect_settings
-    from starlette.testclient import TestClient
-
-    from flagperf.site.app import create_app as site_app
-    from flows import team_app
-
-    # Prefect's UI at / and its API at /api, without a sign-in, whatever the developer's profile or environment says
-    unset = ("PREFECT_SERVER_API_AUTH_STRING", "PREFECT_SERVER_API_BASE_PATH", "PREFECT_UI_SERVE_BASE",
-             "PREFECT_UI_STATIC_DIRECTORY")
-    defaults = {getattr(prefect_settings, name) for name in unset}
-    with prefect_settings.temporary_settings(updates={prefect_settings.PREFECT_UI_ENABLED: True},
-                                             restore_defaults=defaults):
-        prefect = TestClient(team_app.create_app(["lab"], []), base_url="http://lab:4200")
-        api = prefect.get("/api/health")
-        ui = prefect.get("/", headers={"accept": "text/html"})
-        assert api.status_code == 200 and ui.status_code == 200 and ui.headers["content-type"].startswith("text/html")
-        script = re.search(r'src="(/[^"]*assets/[^"]+[.]js)"', ui.text)  # the v1 UI's or the v2 one's
-        assert script is not None, ui.text[:500]
-        asset = prefect.get(script.group(1))
-        unchanged = prefect.get(script.group(1), headers={"if-none-match": asset.headers["etag"]})
-        refused = prefect.get("/api/health", headers={"host": "evil.example"})
-        page = TestClient(site_app(tmp_path, None, names=["lab"]), base_url="http://lab:8080").get("/")
-        assert (asset.status_code, unchanged.status_code, refused.status_code, page.status_code) == (200, 304, 400, 200)
-
-        said = {"api": api, "ui": ui, "asset": asset, "unchanged": unchanged, "refused": refused, "site": page}
-        for what, response in said.items():
-            for name in ("x-content-type-options", "x-frame-options", "content-security-policy", "referrer-policy",
-                         "cache-control"):
-                assert len(response.headers.get_list(name)) == 1, (what, name, response.headers)
-            assert response.headers["x-content-type-options"] == "nosniff", what
-            assert response.headers["x-frame-options"] == "DENY", what
-            assert "frame-ancestors 'none'" in response.headers["content-security-policy"], what
-            assert response.headers["referrer-policy"] == page.headers["referrer-policy"] == "same-origin", what
-        assert {what: response.headers["cache-control"] for what, response in said.items()} == {
-            "api": "no-store", "ui": "private, no-cache", "asset": "private",
-            "unchanged": "private", "refused": "no-store", "site": "no-store"}
-        assert all("strict-transport-security" not in response.headers for response in said.values())
-        # behind a TLS proxy (uvicorn takes its X-Forwarded-Proto), HSTS as on the results site
-        over_tls = TestClient(team_app.create_app(["lab"], []), base_url="https://lab").get("/api/health")
-        assert over_tls.headers.get_list("strict-transport-security") == ["max-age=31536000"]
 
 
 def test_a_page_at_http_alias_is_not_the_server_s_where_its_public_url_is_https() -> None:
